@@ -1,0 +1,171 @@
+//! The backend trait: what every attn backend (reference, CPU, CUDA, candle)
+//! implements, and the one generic thing tests and users program against.
+//!
+//! A backend owns its buffers (`Self::Buffer`: a host `Vec` for the CPU, a
+//! device allocation for CUDA, a candle tensor for candle). Data crosses the
+//! host boundary only through [`Backend::upload`] and [`Backend::download`],
+//! so a CUDA backend keeps Q, K, V and the output on the device across calls
+//! and [`Backend::forward_into`] writes into a buffer the caller already
+//! holds: no copy per call. Generic tests upload host data, call `forward`,
+//! and download the result, whatever the backend.
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::problem::{BufferInfo, Buffers, Problem};
+use crate::tensor::HostData;
+
+/// The input buffers of one call. `bias` and `mask` must be present exactly
+/// when the [`Problem`] describes them.
+#[derive(Debug)]
+pub struct Inputs<'a, B> {
+    /// Queries.
+    pub q: &'a B,
+    /// Keys.
+    pub k: &'a B,
+    /// Values.
+    pub v: &'a B,
+    /// Additive bias.
+    pub bias: Option<&'a B>,
+    /// Boolean mask.
+    pub mask: Option<&'a B>,
+}
+
+impl<B> Clone for Inputs<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for Inputs<'_, B> {}
+
+impl<'a, B> Inputs<'a, B> {
+    /// Q, K and V without bias or mask.
+    pub fn new(q: &'a B, k: &'a B, v: &'a B) -> Self {
+        Inputs {
+            q,
+            k,
+            v,
+            bias: None,
+            mask: None,
+        }
+    }
+    /// Adds the bias buffer.
+    pub fn with_bias(mut self, bias: &'a B) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+    /// Adds the boolean mask buffer.
+    pub fn with_mask(mut self, mask: &'a B) -> Self {
+        self.mask = Some(mask);
+        self
+    }
+}
+
+/// The result of [`Backend::forward`].
+#[derive(Debug)]
+pub struct Output<B> {
+    /// The attention output, laid out as `problem.out` describes.
+    pub out: B,
+    /// The log-sum-exp (`[batch, q_heads, q_len]`, f32) when
+    /// `options.return_lse` is set.
+    pub lse: Option<B>,
+}
+
+/// An attention backend.
+pub trait Backend {
+    /// Where this backend keeps tensor data.
+    type Buffer;
+
+    /// A short name for reports and errors (e.g. `"reference"`, `"cpu"`).
+    fn name(&self) -> String;
+
+    /// Copies host data into a new buffer of the same element type.
+    fn upload(&self, data: &HostData) -> Result<Self::Buffer>;
+
+    /// Copies a buffer back to the host.
+    fn download(&self, buf: &Self::Buffer) -> Result<HostData>;
+
+    /// A new buffer of `len` zeros.
+    fn zeros(&self, dtype: DType, len: usize) -> Result<Self::Buffer>;
+
+    /// Element type and length of a buffer.
+    fn info(&self, buf: &Self::Buffer) -> BufferInfo;
+
+    /// `Ok` when this backend computes `problem`, otherwise
+    /// [`crate::AttnError::Unsupported`] saying what and why. Never a silent
+    /// fallback: a backend that cannot do something refuses it.
+    fn supports(&self, problem: &Problem) -> Result<()>;
+
+    /// Computes attention into `out` (and `lse` when the options ask for
+    /// it). Elements of `out` outside `problem.out`'s view are untouched.
+    /// Implementations start with [`check_call`].
+    fn forward_into(
+        &self,
+        problem: &Problem,
+        inputs: Inputs<'_, Self::Buffer>,
+        out: &mut Self::Buffer,
+        lse: Option<&mut Self::Buffer>,
+    ) -> Result<()>;
+
+    /// Allocates the output (and log-sum-exp) and computes attention.
+    fn forward(
+        &self,
+        problem: &Problem,
+        inputs: Inputs<'_, Self::Buffer>,
+    ) -> Result<Output<Self::Buffer>> {
+        problem.validate()?;
+        let out_len = problem.out.extent().unwrap_or(0);
+        let mut out = self.zeros(problem.dtype, out_len)?;
+        let mut lse = if problem.options.return_lse {
+            let len = problem.lse_view().extent().unwrap_or(0);
+            Some(self.zeros(DType::F32, len)?)
+        } else {
+            None
+        };
+        self.forward_into(problem, inputs, &mut out, lse.as_mut())?;
+        Ok(Output { out, lse })
+    }
+
+    /// A linear layer `y = x W^T + b` for multi-head attention projections:
+    /// `x` is `[rows, in_features]`, `w` is `[out_features, in_features]`
+    /// (PyTorch's `nn.Linear` layout), `b` is `[out_features]`; `y` is
+    /// `[rows, out_features]` in `x`'s element type, accumulated in f32 or
+    /// wider.
+    fn linear(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        w: &Self::Buffer,
+        bias: Option<&Self::Buffer>,
+        in_features: usize,
+        out_features: usize,
+    ) -> Result<Self::Buffer>;
+}
+
+/// The check every `forward_into` runs first: validates the problem and every
+/// buffer against its view, then asks the backend whether it supports the
+/// problem.
+pub fn check_call<B: Backend + ?Sized>(
+    backend: &B,
+    problem: &Problem,
+    inputs: &Inputs<'_, B::Buffer>,
+    out: &B::Buffer,
+    lse: Option<&B::Buffer>,
+) -> Result<()> {
+    if problem.options.return_lse && lse.is_none() {
+        return Err(crate::AttnError::Missing {
+            tensor: "lse",
+            what: "options.return_lse is set but no buffer was given",
+        });
+    }
+    let buffers = Buffers {
+        q: backend.info(inputs.q),
+        k: backend.info(inputs.k),
+        v: backend.info(inputs.v),
+        bias: inputs.bias.map(|b| backend.info(b)),
+        mask: inputs.mask.map(|b| backend.info(b)),
+        out: Some(backend.info(out)),
+        lse: lse.map(|b| backend.info(b)),
+    };
+    problem.validate_buffers(&buffers)?;
+    backend.supports(problem)
+}

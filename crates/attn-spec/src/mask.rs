@@ -1,0 +1,237 @@
+//! The masking model, defined once. Every backend asks these pure functions
+//! which keys a query row sees and how a (query block, key block) tile is to
+//! be treated; nothing else in attn decides visibility.
+//!
+//! A causal mask is the window `(left = inf, right = 0)`; no mask is the
+//! window `(inf, inf)`. Each row `i` has a diagonal key `c = i + off`, with
+//! `off = kv_len - q_len` (bottom-right, default) or `0` (top-left), using
+//! the sequence's own lengths when per-sequence lengths are given. Row `i`
+//! sees key `j` iff `i < q_len`, `j < kv_len` and `c - left <= j <= c +
+//! right`. So the visible keys of a row are one contiguous range whose ends
+//! never decrease as the row grows: that is what makes block skipping and
+//! the tile classifier exact.
+//!
+//! The boolean mask and the bias are per-element data, not part of this
+//! model: a backend applies them in every tile that is not skipped.
+
+use crate::options::{Alignment, MaskKind};
+use std::ops::Range;
+
+/// How a backend must treat one (query block, key block) tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileClass {
+    /// No pair in the tile is visible: never visit it.
+    Skip,
+    /// Every pair is visible: run without any mask check.
+    Full,
+    /// Some pairs are visible: apply the mask element by element.
+    Partial,
+}
+
+/// The mask of one sequence: its lengths, diagonal offset and window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqMask {
+    /// Valid query rows.
+    pub q_len: usize,
+    /// Valid keys.
+    pub kv_len: usize,
+    /// Diagonal offset: row `i`'s diagonal key is `i + offset`.
+    pub offset: i64,
+    /// Keys visible left of the diagonal (`None`: unbounded).
+    pub left: Option<usize>,
+    /// Keys visible right of the diagonal (`None`: unbounded).
+    pub right: Option<usize>,
+}
+
+impl SeqMask {
+    /// The mask of a sequence with `q_len` rows and `kv_len` keys.
+    pub fn new(kind: MaskKind, alignment: Alignment, q_len: usize, kv_len: usize) -> Self {
+        let (left, right) = kind.window();
+        let offset = match alignment {
+            Alignment::BottomRight => kv_len as i64 - q_len as i64,
+            Alignment::TopLeft => 0,
+        };
+        SeqMask {
+            q_len,
+            kv_len,
+            offset,
+            left,
+            right,
+        }
+    }
+
+    /// The diagonal key of row `row` (may lie outside `0..kv_len`).
+    #[inline]
+    pub fn diagonal(&self, row: usize) -> i64 {
+        row as i64 + self.offset
+    }
+
+    /// The visible keys of `row`, as a half-open range (empty when none).
+    #[inline]
+    pub fn kv_range(&self, row: usize) -> Range<usize> {
+        if row >= self.q_len {
+            return 0..0;
+        }
+        let c = self.diagonal(row);
+        let kv = self.kv_len as i64;
+        let lo = match self.left {
+            Some(l) => (c - l as i64).clamp(0, kv),
+            None => 0,
+        };
+        let hi = match self.right {
+            Some(r) => (c + r as i64 + 1).clamp(0, kv),
+            None => kv,
+        };
+        if lo >= hi {
+            0..0
+        } else {
+            lo as usize..hi as usize
+        }
+    }
+
+    /// The definition, element by element: does `row` see `key`? The range
+    /// functions above must agree with it (unit-tested).
+    pub fn visible(&self, row: usize, key: usize) -> bool {
+        if row >= self.q_len || key >= self.kv_len {
+            return false;
+        }
+        let c = self.diagonal(row);
+        let j = key as i64;
+        let left_ok = self.left.is_none_or(|l| j >= c - l as i64);
+        let right_ok = self.right.is_none_or(|r| j <= c + r as i64);
+        left_ok && right_ok
+    }
+
+    /// Classifies the tile `rows x keys`: `Skip` if no pair is visible,
+    /// `Full` if every pair is, `Partial` otherwise. Costs one range per row,
+    /// nothing next to the tile's arithmetic.
+    pub fn classify(&self, rows: Range<usize>, keys: Range<usize>) -> TileClass {
+        if rows.is_empty() || keys.is_empty() {
+            return TileClass::Skip;
+        }
+        let (mut any, mut all) = (false, true);
+        for r in rows {
+            let v = self.kv_range(r);
+            let lo = v.start.max(keys.start);
+            let hi = v.end.min(keys.end);
+            any |= lo < hi;
+            all &= v.start <= keys.start && v.end >= keys.end;
+        }
+        match (any, all) {
+            (false, _) => TileClass::Skip,
+            (true, true) => TileClass::Full,
+            (true, false) => TileClass::Partial,
+        }
+    }
+
+    /// The keys that rows `rows` can see at all: the union of their ranges
+    /// (contiguous, since both ends are monotone). Loops over key blocks need
+    /// visit only these.
+    pub fn kv_span(&self, rows: Range<usize>) -> Range<usize> {
+        let mut lo = usize::MAX;
+        let mut hi = 0;
+        for r in rows {
+            let v = self.kv_range(r);
+            if !v.is_empty() {
+                lo = lo.min(v.start);
+                hi = hi.max(v.end);
+            }
+        }
+        if lo >= hi {
+            0..0
+        } else {
+            lo..hi
+        }
+    }
+
+    /// Number of visible (row, key) pairs: what FLOP counts are based on.
+    pub fn visible_pairs(&self) -> u64 {
+        (0..self.q_len).map(|r| self.kv_range(r).len() as u64).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds() -> Vec<MaskKind> {
+        let mut k = vec![MaskKind::None, MaskKind::Causal];
+        for l in [None, Some(0), Some(1), Some(3)] {
+            for r in [None, Some(0), Some(1), Some(2)] {
+                k.push(MaskKind::Window { left: l, right: r });
+            }
+        }
+        k
+    }
+
+    #[test]
+    fn ranges_and_tiles_agree_with_the_brute_force_mask() {
+        for kind in kinds() {
+            for al in [Alignment::BottomRight, Alignment::TopLeft] {
+                for ql in 0..9 {
+                    for kl in 0..9 {
+                        let m = SeqMask::new(kind, al, ql, kl);
+                        for i in 0..ql + 2 {
+                            let r = m.kv_range(i);
+                            for j in 0..kl + 2 {
+                                assert_eq!(r.contains(&j), m.visible(i, j), "{m:?} {i} {j}");
+                            }
+                        }
+                        for (r0, r1) in [(0, 3), (2, 5), (4, 9), (0, 9), (3, 4)] {
+                            for (k0, k1) in [(0, 2), (1, 5), (3, 9), (0, 9), (6, 7)] {
+                                let vis: Vec<bool> = (r0..r1)
+                                    .flat_map(|i| (k0..k1).map(move |j| (i, j)))
+                                    .map(|(i, j)| m.visible(i, j))
+                                    .collect();
+                                let want = if !vis.iter().any(|&v| v) {
+                                    TileClass::Skip
+                                } else if vis.iter().all(|&v| v) {
+                                    TileClass::Full
+                                } else {
+                                    TileClass::Partial
+                                };
+                                assert_eq!(m.classify(r0..r1, k0..k1), want, "{m:?}");
+                                let span = m.kv_span(r0..r1);
+                                for i in r0..r1 {
+                                    for j in 0..kl {
+                                        if m.visible(i, j) {
+                                            assert!(span.contains(&j));
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bottom_right_causal_with_more_rows_than_keys_masks_the_first_rows() {
+        let m = SeqMask::new(MaskKind::Causal, Alignment::BottomRight, 5, 3);
+        assert_eq!(m.kv_range(0), 0..0);
+        assert_eq!(m.kv_range(1), 0..0);
+        assert_eq!(m.kv_range(2), 0..1);
+        assert_eq!(m.kv_range(4), 0..3);
+        let t = SeqMask::new(MaskKind::Causal, Alignment::TopLeft, 3, 5);
+        assert_eq!(t.kv_range(0), 0..1);
+        assert_eq!(t.visible_pairs(), 1 + 2 + 3);
+    }
+
+    #[test]
+    fn window_zero_sees_only_the_diagonal() {
+        let m = SeqMask::new(
+            MaskKind::Window {
+                left: Some(0),
+                right: Some(0),
+            },
+            Alignment::BottomRight,
+            4,
+            6,
+        );
+        for i in 0..4 {
+            assert_eq!(m.kv_range(i), i + 2..i + 3);
+        }
+    }
+}
