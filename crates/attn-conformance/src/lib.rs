@@ -1,1 +1,65 @@
-//! stub
+//! # attn-conformance: one differential suite for every backend
+//!
+//! Generic over [`attn_spec::Backend`]: a backend's test file is a few
+//! lines that call [`check_case`] from a proptest over [`case_params`], plus
+//! [`hand::all`] and [`errors::all`]. Every backend therefore meets the same
+//! cases, the same oracle (the f64 reference) and the same derived error
+//! bound ([`tolerance`]).
+//!
+//! [`run_suite`] runs the whole suite without the test harness, for
+//! `cargo xtask verify` on a user's machine.
+
+pub mod case;
+pub mod check;
+pub mod errors;
+pub mod hand;
+pub mod rng;
+pub mod strategy;
+pub mod tolerance;
+
+pub use case::{Case, CaseParams};
+pub use check::{check_case, Outcome};
+pub use strategy::case_params;
+
+use attn_spec::Backend;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use std::cell::Cell;
+
+/// What [`run_suite`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SuiteReport {
+    /// Generated cases that passed.
+    pub passed: u32,
+    /// Generated cases the backend refused as unsupported.
+    pub skipped: u32,
+}
+
+/// Runs the hand-computed cases, the bad-input checks and `cases`
+/// generated cases on `backend`. Returns the first failure (minimised by
+/// proptest) as an error message.
+pub fn run_suite<B: Backend>(backend: &B, cases: u32) -> Result<SuiteReport, String> {
+    hand::all(backend)?;
+    errors::all(backend)?;
+    let passed = Cell::new(0);
+    let skipped = Cell::new(0);
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    runner
+        .run(&case_params(), |params| {
+            match check_case(backend, &Case::build(params)) {
+                Ok(Outcome::Passed) => passed.set(passed.get() + 1),
+                Ok(Outcome::Skipped(_)) => skipped.set(skipped.get() + 1),
+                Err(e) => return Err(TestCaseError::fail(e)),
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(SuiteReport {
+        passed: passed.get(),
+        skipped: skipped.get(),
+    })
+}

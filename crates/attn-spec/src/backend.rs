@@ -141,6 +141,49 @@ pub trait Backend {
     ) -> Result<Self::Buffer>;
 }
 
+/// A reference to a backend is a backend (so a layer can borrow one).
+impl<B: Backend + ?Sized> Backend for &B {
+    type Buffer = B::Buffer;
+    fn name(&self) -> String {
+        (**self).name()
+    }
+    fn upload(&self, data: &HostData) -> Result<Self::Buffer> {
+        (**self).upload(data)
+    }
+    fn download(&self, buf: &Self::Buffer) -> Result<HostData> {
+        (**self).download(buf)
+    }
+    fn zeros(&self, dtype: DType, len: usize) -> Result<Self::Buffer> {
+        (**self).zeros(dtype, len)
+    }
+    fn info(&self, buf: &Self::Buffer) -> BufferInfo {
+        (**self).info(buf)
+    }
+    fn supports(&self, problem: &Problem) -> Result<()> {
+        (**self).supports(problem)
+    }
+    fn forward_into(
+        &self,
+        problem: &Problem,
+        inputs: Inputs<'_, Self::Buffer>,
+        out: &mut Self::Buffer,
+        lse: Option<&mut Self::Buffer>,
+    ) -> Result<()> {
+        (**self).forward_into(problem, inputs, out, lse)
+    }
+    fn linear(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        w: &Self::Buffer,
+        bias: Option<&Self::Buffer>,
+        in_features: usize,
+        out_features: usize,
+    ) -> Result<Self::Buffer> {
+        (**self).linear(x, rows, w, bias, in_features, out_features)
+    }
+}
+
 /// The check every `forward_into` runs first: validates the problem and every
 /// buffer against its view, then asks the backend whether it supports the
 /// problem.

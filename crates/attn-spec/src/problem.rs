@@ -241,6 +241,9 @@ impl Problem {
                     });
                 }
             }
+            view.numel().ok_or(AttnError::Overflow {
+                what: "a tensor's element count",
+            })?;
             view.extent().ok_or(AttnError::Overflow {
                 what: "a view's extent",
             })?;
@@ -449,6 +452,9 @@ fn check_broadcast(tensor: &'static str, view: &View, full: [usize; 4]) -> Resul
             });
         }
     }
+    view.numel().ok_or(AttnError::Overflow {
+        what: "a tensor's element count",
+    })?;
     view.extent().ok_or(AttnError::Overflow {
         what: "a view's extent",
     })?;

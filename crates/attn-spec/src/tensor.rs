@@ -26,9 +26,14 @@ pub struct View {
 }
 
 impl View {
-    /// A contiguous row-major view of `dims` (last axis fastest).
+    /// A contiguous row-major view of `dims` (last axis fastest). Stride
+    /// arithmetic wraps rather than panics on absurd sizes; validation then
+    /// reports the overflow (see [`View::numel`]).
     pub fn contiguous(dims: [usize; 4]) -> Self {
-        let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
+        let s2 = dims[3];
+        let s1 = dims[2].wrapping_mul(s2);
+        let s0 = dims[1].wrapping_mul(s1);
+        let strides = [s0, s1, s2, 1];
         View {
             dims,
             strides,
@@ -46,7 +51,7 @@ impl View {
     pub fn bhsd(batch: usize, seq: usize, heads: usize, dim: usize) -> Self {
         View {
             dims: [batch, seq, heads, dim],
-            strides: [heads * seq * dim, dim, seq * dim, 1],
+            strides: [heads.wrapping_mul(seq).wrapping_mul(dim), dim, seq.wrapping_mul(dim), 1],
             offset: 0,
         }
     }
@@ -93,6 +98,9 @@ impl View {
     /// Sufficient test: sorted by stride, each axis must step over the whole
     /// extent of the axes with smaller strides.
     pub fn may_alias(&self) -> bool {
+        if self.dims.contains(&0) {
+            return false; // an empty view has no element to share
+        }
         let mut axes: Vec<(usize, usize)> = self
             .strides
             .iter()

@@ -1,0 +1,171 @@
+//! The error bound a backend's result must meet, derived, not tuned.
+//!
+//! For each output row (batch `b`, head `h`, query `i`) the check is
+//!
+//! ```text
+//! err(backend) <= 2 * err(low-precision reference) + A
+//! ```
+//!
+//! where `err(x) = max_d |x_d - ref64_d|` against the f64 reference on the
+//! same (already rounded) inputs, the low-precision reference is the same
+//! program run in f32 with the probabilities rounded to the input type
+//! before they multiply V and the output rounded to it (what a fast kernel
+//! does; the factor 2 allows a different but equally good order of
+//! operations, as FlashAttention's own tests do), and `A` is an a-priori
+//! floor from standard rounding-error analysis (Higham, *Accuracy and
+//! Stability of Numerical Algorithms*, ch. 3), with `u = 2^-24` (f32) and
+//! `gamma(n) = n u / (1 - n u)`:
+//!
+//! - each score `s_j` carries an error at most `Delta = gamma(d_qk + 6) *
+//!   max_j (scale * sum_d |q_d k_jd| + |alibi_j| + |bias_j|)` (a dot product
+//!   of length `d_qk`, then scale, softcap, ALiBi and bias add up to six
+//!   more roundings; tanh is 1-Lipschitz, so soft-capping never amplifies);
+//! - a score error moves each probability by a factor within `exp(+-2
+//!   Delta)` (it enters the numerator and, through the maximum, the
+//!   denominator), so the output moves by at most `(exp(2 Delta) - 1) *
+//!   max|v|`;
+//! - the exponential may be approximated with relative error `EXP_REL_ERR`
+//!   (twice: numerator and denominator), the denominator and the `p v` sums
+//!   of `n` terms add `gamma(n + 2)` each, probabilities rounded to the input
+//!   type add `u_in`, and the output's final rounding adds `u_out`, all
+//!   relative to `max|v|` (the output is a convex combination of values).
+//!
+//! So `A_out = max|v| * (exp(2 Delta) - 1 + 2 EXP_REL_ERR + 2 gamma(n+2) +
+//! u_in + u_out)`, and for the log-sum-exp (a smooth maximum, stored as f32)
+//! `A_lse = Delta + 2 EXP_REL_ERR + gamma(n + 2) + u_f32 * |lse|`. The test
+//! `low_precision_reference_meets_the_a_priori_bound` checks that the f32
+//! reference itself stays within `A`, over hundreds of generated cases: the
+//! floor is a bound, not a guess.
+
+use crate::case::Case;
+use attn_spec::DType;
+
+/// Largest relative error allowed of a backend's exponential (about 8
+/// ulps of f32; attn-cpu's fast exp is tested against it).
+pub const EXP_REL_ERR: f64 = 1.0 / (1u64 << 20) as f64;
+
+const U32: f64 = f32::EPSILON as f64 / 2.0;
+
+/// The a-priori floors of one row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowFloor {
+    /// `A_out`, absolute, per output element.
+    pub out: f64,
+    /// `A_lse`, absolute.
+    pub lse: f64,
+}
+
+/// The rounding model a floor is derived for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Arith {
+    /// Unit roundoff of the arithmetic.
+    pub u: f64,
+    /// Relative error of the exponential.
+    pub exp_err: f64,
+    /// Unit roundoff the probabilities are rounded to (0: not rounded).
+    pub u_in: f64,
+    /// Unit roundoff of the stored output (0: not rounded).
+    pub u_out: f64,
+    /// Unit roundoff of the stored log-sum-exp (0: not rounded).
+    pub u_lse: f64,
+}
+
+impl Arith {
+    /// A backend on `dtype` inputs: f32 arithmetic, an exponential within
+    /// [`EXP_REL_ERR`], probabilities possibly rounded to the input type,
+    /// output in the input type, log-sum-exp in f32.
+    pub fn backend(dtype: DType) -> Self {
+        Arith {
+            u: U32,
+            exp_err: EXP_REL_ERR,
+            u_in: match dtype {
+                DType::F16 | DType::Bf16 => dtype.unit_roundoff(),
+                _ => 0.0,
+            },
+            u_out: dtype.unit_roundoff(),
+            u_lse: U32,
+        }
+    }
+
+    /// Two f64 computations with nothing stored in lower precision (the
+    /// reference against the dense formulation): `u = 2^-53`, and an
+    /// exponential correct to within one ulp.
+    pub fn f64() -> Self {
+        let u = f64::EPSILON / 2.0;
+        Arith {
+            u,
+            exp_err: 2.0 * u,
+            u_in: 0.0,
+            u_out: 0.0,
+            u_lse: 0.0,
+        }
+    }
+
+    fn gamma(&self, n: usize) -> f64 {
+        let nu = n as f64 * self.u;
+        nu / (1.0 - nu)
+    }
+}
+
+/// Computes `A_out` and `A_lse` of a backend (f32 arithmetic) for every
+/// row, indexed like the log-sum-exp (`[batch, q_heads, q_len]`); `lse64`
+/// is the f64 reference's.
+pub fn row_floors(case: &Case, lse64: &[f64]) -> Vec<RowFloor> {
+    row_floors_in(case, lse64, Arith::backend(case.problem.dtype))
+}
+
+/// [`row_floors`] for any rounding model.
+pub fn row_floors_in(case: &Case, lse64: &[f64], a: Arith) -> Vec<RowFloor> {
+    let p = &case.problem;
+    let s = p.shape;
+    let scale = f64::from(p.scale()).abs();
+    let o = &p.options;
+    let mut floors = Vec::with_capacity(lse64.len());
+    for b in 0..s.batch {
+        let m = p.seq_mask(b);
+        for h in 0..s.q_heads {
+            let g = s.kv_head(h);
+            for i in 0..s.q_len {
+                let range = m.kv_range(i);
+                let n = range.len() + 1;
+                let (mut mag, mut vmax) = (0.0f64, 0.0f64);
+                for j in range {
+                    let mut dot = 0.0;
+                    for d in 0..s.head_dim_qk {
+                        let q = case.q.get(p.q.index([b, i, h, d]));
+                        let k = case.k.get(p.k.index([b, j, g, d]));
+                        dot += (q * k).abs();
+                    }
+                    let mut t = scale * dot;
+                    if let Some(sl) = &o.alibi_slopes {
+                        t += (f64::from(sl[h]) * (j as f64 - m.diagonal(i) as f64)).abs();
+                    }
+                    if let (Some(bd), Some(bb)) = (&p.bias, &case.bias) {
+                        let x = bb.get(bd.view.index([b, h, i, j]));
+                        if x.is_finite() {
+                            t += x.abs();
+                        }
+                    }
+                    mag = mag.max(t);
+                    for d in 0..s.head_dim_v {
+                        vmax = vmax.max(case.v.get(p.v.index([b, j, g, d])).abs());
+                    }
+                }
+                let delta = a.gamma(s.head_dim_qk + 6) * mag;
+                let out = vmax
+                    * ((2.0 * delta).exp_m1()
+                        + 2.0 * a.exp_err
+                        + 2.0 * a.gamma(n + 2)
+                        + a.u_in
+                        + a.u_out);
+                let l = lse64[(b * s.q_heads + h) * s.q_len + i];
+                let lse = delta
+                    + 2.0 * a.exp_err
+                    + a.gamma(n + 2)
+                    + if l.is_finite() { a.u_lse * l.abs() } else { 0.0 };
+                floors.push(RowFloor { out, lse });
+            }
+        }
+    }
+    floors
+}
