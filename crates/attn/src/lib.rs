@@ -1,1 +1,92 @@
-//! stub
+//! # attn: exact, fast attention for Rust
+//!
+//! Scaled dot-product attention, `O = softmax(scale * Q K^T + bias, masked)
+//! V`, and multi-head attention around it, on several backends that all
+//! obey one contract (`docs/SEMANTICS.md`) and all pass one differential
+//! test suite against an f64 oracle.
+//!
+//! ## Backends and features
+//!
+//! | feature | backend | what it needs |
+//! |---|---|---|
+//! | (always) | [`Reference`]: the f64 oracle, every option, slow | nothing |
+//! | `cpu` (default) | `attn-cpu`: SIMD, tiled, multi-threaded | nothing |
+//!
+//! [`Engine::best`] picks the fastest backend compiled in that answers on
+//! this machine, and [`Engine::kind`] says which one runs. With
+//! `--no-default-features` the reference alone is compiled, and everything
+//! still computes.
+//!
+//! ## Example
+//!
+//! ```
+//! use attn::{attend, AttnOptions, Shape};
+//!
+//! // batch 1, 4 query heads sharing 2 key/value heads (GQA), 3 queries, 5 keys, head dim 8,
+//! // tensors laid out [batch, seq, heads, dim].
+//! let shape = Shape::new(1, 4, 2, 3, 5, 8);
+//! let q = vec![0.5f32; 1 * 3 * 4 * 8];
+//! let k = vec![0.25f32; 1 * 5 * 2 * 8];
+//! let v: Vec<f32> = (0..1 * 5 * 2 * 8).map(|i| i as f32).collect();
+//! let out = attend(shape, &q, &k, &v, &AttnOptions::default().causal()).unwrap();
+//! assert_eq!(out.len(), 1 * 3 * 4 * 8);
+//! ```
+
+pub use attn_spec::{
+    alibi_slopes, bf16, check_call, f16, merge_states, Alignment, AttnError, AttnOptions, Backend,
+    BufferInfo, DType, Element, HostData, Inputs, MaskKind, MhaConfig, MhaWeights,
+    MultiHeadAttention, Output, Problem, Reference, Result, SeqMask, Shape, TensorDesc, TileClass,
+    View,
+};
+
+mod engine;
+
+pub use engine::{Engine, EngineKind};
+
+/// Attention on host slices in the default `[batch, seq, heads, dim]`
+/// layout, on the best backend compiled in. Returns the output
+/// `[batch, q_len, q_heads, head_dim_v]` in `T`.
+pub fn attend<T: Element + HostElement>(
+    shape: Shape,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    options: &AttnOptions,
+) -> Result<Vec<T>> {
+    let engine = Engine::best();
+    let problem = Problem::new(shape, T::DTYPE).with_options(options.clone());
+    let (q, k, v) = (T::wrap(q), T::wrap(k), T::wrap(v));
+    let o = engine.forward(&problem, Inputs::new(&q, &k, &v))?;
+    T::unwrap(o.out).ok_or_else(|| AttnError::Backend {
+        backend: engine.name(),
+        message: "output element type differs from the input's".into(),
+    })
+}
+
+/// Element types that convert to and from [`HostData`].
+pub trait HostElement: Sized {
+    /// Copies a slice into host data.
+    fn wrap(x: &[Self]) -> HostData;
+    /// Takes the vector back out (`None` for another element type).
+    fn unwrap(d: HostData) -> Option<Vec<Self>>;
+}
+
+macro_rules! host_element {
+    ($t:ty, $v:ident) => {
+        impl HostElement for $t {
+            fn wrap(x: &[Self]) -> HostData {
+                HostData::$v(x.to_vec())
+            }
+            fn unwrap(d: HostData) -> Option<Vec<Self>> {
+                match d {
+                    HostData::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+host_element!(f32, F32);
+host_element!(f16, F16);
+host_element!(bf16, Bf16);
+host_element!(f64, F64);

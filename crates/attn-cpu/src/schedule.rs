@@ -1,0 +1,155 @@
+//! Running the work items on the threads and writing results.
+//!
+//! Items are ordered by decreasing cost (visible pairs), so under a causal
+//! mask the heavy last blocks start first and the light ones fill in at the
+//! end instead of straggling; rayon's work stealing balances the rest. Each
+//! item writes its own output rows (disjoint by construction), so no result
+//! depends on which thread ran what. When keys are split (decoding), the
+//! chunks of a block run in parallel into a buffer of partial states that
+//! is merged in chunk order, again independent of the thread count.
+
+use crate::element::CpuElement;
+use crate::softmax::finish_row;
+use crate::tiling::{run_item, Ctx, Workspace};
+use crate::work::{chunks, row_blocks, split_keys, Item};
+use crate::blocking::ROWS;
+use attn_spec::merge_states;
+use rayon::prelude::*;
+use std::f32::consts::LN_2;
+
+/// Where results go: raw pointers into the output and log-sum-exp buffers,
+/// shared by the threads. Every item writes a disjoint set of elements.
+pub struct Sink<T> {
+    out: *mut T,
+    out_len: usize,
+    lse: *mut f32,
+    lse_len: usize,
+}
+
+// SAFETY: the pointers are only written through `write_row`, at elements
+// that no other item writes (rows are partitioned among items, and the
+// output view was validated not to alias), while the buffers are borrowed
+// mutably for the whole parallel section.
+unsafe impl<T: Send> Send for Sink<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Sink<T> {}
+
+impl<T: CpuElement> Sink<T> {
+    /// Wraps the output (and optional log-sum-exp) buffers.
+    pub fn new(out: &mut [T], lse: Option<&mut [f32]>) -> Self {
+        let (lse, lse_len) = match lse {
+            Some(l) => (l.as_mut_ptr(), l.len()),
+            None => (std::ptr::null_mut(), 0),
+        };
+        Sink {
+            out: out.as_mut_ptr(),
+            out_len: out.len(),
+            lse,
+            lse_len,
+        }
+    }
+
+    /// Writes one output row `(b, pos, h)` and its log-sum-exp.
+    fn write_row(&self, ctx: &Ctx<'_, T>, (b, pos, h): (usize, usize, usize), row: impl Fn(usize) -> f32, lse: f32) {
+        let p = ctx.p;
+        for c in 0..p.shape.head_dim_v {
+            let at = p.out.index([b, pos, h, c]);
+            assert!(at < self.out_len);
+            // SAFETY: in bounds (checked); no other item writes row (b, pos, h).
+            unsafe { *self.out.add(at) = T::from_f32(row(c)) };
+        }
+        if !self.lse.is_null() {
+            let at = (b * p.shape.q_heads + h) * p.shape.q_len + pos;
+            assert!(at < self.lse_len);
+            // SAFETY: as above.
+            unsafe { *self.lse.add(at) = lse };
+        }
+    }
+}
+
+/// Computes the whole problem into `sink`.
+pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>) {
+    let p = ctx.p;
+    let s = p.shape;
+    let (dk, dv) = (s.head_dim_qk, s.head_dim_v);
+    // Padding rows (beyond q_lens) are 0 with lse -inf.
+    let padded: Vec<(usize, usize, usize)> = (0..s.batch)
+        .flat_map(|b| {
+            let ql = p.seq_lens(b).0;
+            (ql..s.q_len).flat_map(move |pos| (0..s.q_heads).map(move |h| (b, pos, h)))
+        })
+        .collect();
+    for &at in &padded {
+        sink.write_row(ctx, at, |_| 0.0, f32::NEG_INFINITY);
+    }
+    let mut blocks = row_blocks(p);
+    let cost = |it: &Item| -> u64 {
+        let m = p.seq_mask(it.b);
+        it.positions().map(|pos| m.kv_range(pos).len() as u64).sum::<u64>() * it.nh as u64
+    };
+    blocks.sort_by_key(|it| std::cmp::Reverse(cost(it)));
+    let sinks = p.options.sinks.as_deref();
+    if !split_keys(p, blocks.len()) {
+        blocks.par_iter().for_each_init(
+            || Workspace::new(dk, dv),
+            |ws, it| {
+                let sm = run_item(ctx, it, ws);
+                for r in 0..it.rows() {
+                    let (pos, h) = it.row(r);
+                    let (f, lse) = sm.finish(r, sinks.map(|v| v[h]));
+                    let ot = &ws.ot;
+                    sink.write_row(ctx, (it.b, pos, h), |c| ot[c * ROWS + r] * f, lse);
+                }
+            },
+        );
+        return;
+    }
+    // Split keys: every (block, chunk) pair is an item; partial states are
+    // merged per block in chunk order.
+    let parts: Vec<(usize, Item)> = blocks
+        .iter()
+        .enumerate()
+        .flat_map(|(bi, it)| {
+            let span = p.seq_mask(it.b).kv_span(it.positions());
+            chunks(span).into_iter().map(move |keys| (bi, Item { keys, ..it.clone() }))
+        })
+        .collect();
+    let partial: Vec<(Vec<f32>, Vec<f32>)> = parts
+        .par_iter()
+        .map_init(
+            || Workspace::new(dk, dv),
+            |ws, (_, it)| {
+                let sm = run_item(ctx, it, ws);
+                let mut o = vec![0.0f32; it.rows() * dv];
+                let mut l = vec![0.0f32; it.rows()];
+                for r in 0..it.rows() {
+                    let (f, lse) = sm.finish(r, None);
+                    l[r] = lse;
+                    for c in 0..dv {
+                        o[r * dv + c] = ws.ot[c * ROWS + r] * f;
+                    }
+                }
+                (o, l)
+            },
+        )
+        .collect();
+    blocks.par_iter().enumerate().for_each(|(bi, it)| {
+        let rows = it.rows();
+        let mut o = vec![0.0f32; rows * dv];
+        let mut l = vec![f32::NEG_INFINITY; rows];
+        for ((_, _), (po, pl)) in parts.iter().zip(&partial).filter(|((b, _), _)| *b == bi) {
+            merge_states(&mut o, &mut l, po, pl).expect("partial states have matching sizes");
+        }
+        for r in 0..rows {
+            let (pos, h) = it.row(r);
+            // The sink joins as one more part, with output 0: finishing a
+            // normalised row (l = 1) at its lse with the sink does that.
+            let (f, lse) = match sinks {
+                Some(sk) => finish_row(l[r] / LN_2, 1.0, Some(sk[h])),
+                None => (1.0, l[r]),
+            };
+            let row = &o[r * dv..(r + 1) * dv];
+            sink.write_row(ctx, (it.b, pos, h), |c| row[c] * f, lse);
+        }
+    });
+}

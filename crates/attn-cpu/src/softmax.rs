@@ -1,0 +1,142 @@
+//! The online softmax state of one block of rows, in base-2 units: running
+//! maximum `m` and running sum `l` per row (one lane each), updated one
+//! score tile at a time, and the final normalisation with the sink.
+//!
+//! After a tile of scores `s_j` (already multiplied by log2(e)):
+//! `m' = max(m, max_j s_j)`, `alpha = 2^(m - m')`, `p_j = 2^(s_j - m')`,
+//! `l' = alpha l + sum_j p_j`, and the caller rescales its output by
+//! `alpha` while adding `P V`. A row that has seen only masked scores keeps
+//! `m = -inf`; it is shifted by 0 instead so that no `-inf - -inf` = NaN
+//! appears, and its probabilities are exactly 0.
+
+use crate::blocking::{LANES, ROWS, ROW_VECS};
+use crate::exp::exp2;
+use crate::simd::{load, store, V};
+
+/// Running maximum and sum of a block of rows.
+#[derive(Clone, Debug)]
+pub struct OnlineSoftmax {
+    /// Running maximum per row (base-2 units), `-inf` before any key.
+    pub m: [V; ROW_VECS],
+    /// Running sum of `2^(s - m)` per row.
+    pub l: [V; ROW_VECS],
+}
+
+impl OnlineSoftmax {
+    /// The state before any key.
+    pub fn new() -> Self {
+        OnlineSoftmax {
+            m: [V::splat(f32::NEG_INFINITY); ROW_VECS],
+            l: [V::ZERO; ROW_VECS],
+        }
+    }
+
+    /// Folds the score tile `st` (`n x ROWS`) into the state, replaces it by
+    /// the probabilities `2^(s - m')`, and returns the rescale factors
+    /// `alpha` for the running output.
+    pub fn update(&mut self, st: &mut [f32], n: usize) -> [V; ROW_VECS] {
+        assert!(st.len() >= n * ROWS);
+        let mut alpha = [V::ONE; ROW_VECS];
+        for v in 0..ROW_VECS {
+            let col = |j: usize| j * ROWS + v * LANES;
+            let mut mx = self.m[v];
+            for j in 0..n {
+                // SAFETY: j < n and the assert above: 16 floats at col(j).
+                mx = mx.fast_max(unsafe { load(st.as_ptr().add(col(j))) });
+            }
+            let ninf = mx.simd_eq(V::splat(f32::NEG_INFINITY));
+            let shift = ninf.select(V::ZERO, mx);
+            alpha[v] = exp2(self.m[v] - shift);
+            let mut sum = V::ZERO;
+            for j in 0..n {
+                let p = st.as_mut_ptr();
+                // SAFETY: as above.
+                let e = exp2(unsafe { load(p.add(col(j))) } - shift);
+                // SAFETY: as above.
+                unsafe { store(p.add(col(j)), e) };
+                sum += e;
+            }
+            self.l[v] = self.l[v].mul_add(alpha[v], sum);
+            self.m[v] = mx;
+        }
+        alpha
+    }
+
+    /// Row `r`'s final `(factor, lse)`: the output row is `factor * O^T[..][r]`
+    /// and the natural log-sum-exp is `lse`. `sink` is the row's sink logit
+    /// (natural units) if any. A row with no visible key and no sink gives
+    /// factor 0 and lse `-inf`.
+    pub fn finish(&self, r: usize, sink: Option<f32>) -> (f32, f32) {
+        let m = self.m[r / LANES].to_array()[r % LANES];
+        let l = self.l[r / LANES].to_array()[r % LANES];
+        finish_row(m, l, sink)
+    }
+}
+
+impl Default for OnlineSoftmax {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// [`OnlineSoftmax::finish`] for one row's `m` (base 2) and `l`.
+pub fn finish_row(m: f32, l: f32, sink: Option<f32>) -> (f32, f32) {
+    let (mut m, mut l) = (m, l);
+    let mut scale_o = 1.0f32;
+    if let Some(s) = sink {
+        let s2 = s * std::f32::consts::LOG2_E;
+        let mf = if m == f32::NEG_INFINITY { s2 } else { m.max(s2) };
+        let a = if m == f32::NEG_INFINITY { 0.0 } else { (m - mf).exp2() };
+        l = l * a + (s2 - mf).exp2();
+        scale_o = a;
+        m = mf;
+    }
+    if !(l > 0.0) && !l.is_nan() {
+        return (0.0, f32::NEG_INFINITY);
+    }
+    let factor = scale_o / l;
+    let lse = (m + l.log2()) * std::f32::consts::LN_2;
+    (factor, lse)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_tiles_equal_one_softmax() {
+        let mut st = vec![0.0f32; 3 * ROWS];
+        for j in 0..3 {
+            for r in 0..ROWS {
+                st[j * ROWS + r] = (j as f32 - 1.0) * (r as f32 / 32.0);
+            }
+        }
+        let mut a = OnlineSoftmax::new();
+        let mut t1 = st[..ROWS].to_vec();
+        let mut t2 = st[ROWS..].to_vec();
+        a.update(&mut t1, 1);
+        a.update(&mut t2, 2);
+        for r in 0..ROWS {
+            let (_, lse) = a.finish(r, None);
+            let want: f64 = (0..3)
+                .map(|j| f64::from(st[j * ROWS + r]).exp2())
+                .sum::<f64>()
+                .log2()
+                * std::f64::consts::LN_2;
+            assert!((f64::from(lse) - want).abs() < 1e-6, "{lse} {want}");
+        }
+    }
+
+    #[test]
+    fn masked_rows_finish_to_zero_and_minus_infinity() {
+        let mut s = OnlineSoftmax::new();
+        let mut st = vec![f32::NEG_INFINITY; 2 * ROWS];
+        let alpha = s.update(&mut st, 2);
+        assert!(st.iter().all(|&p| p == 0.0));
+        assert!(alpha.iter().all(|a| a.to_array().iter().all(|&x| x == 0.0)));
+        assert_eq!(s.finish(0, None), (0.0, f32::NEG_INFINITY));
+        let (f, lse) = s.finish(0, Some(1.5));
+        assert_eq!(f, 0.0);
+        assert!((lse - 1.5).abs() < 1e-6);
+    }
+}

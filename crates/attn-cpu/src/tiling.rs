@@ -1,0 +1,255 @@
+//! The loop nest of one work item: for a block of query rows, stream the
+//! key tiles it can see, compute `S^T = K Q^T`, apply the per-element
+//! transforms and masks where they are needed, fold the tile into the online
+//! softmax and accumulate `O^T += V^T P^T`. No `S x S` matrix exists: the
+//! workspace is one tile of each kind, independent of sequence length.
+//!
+//! Why query rows along the lanes (the transposed formulation): keys and
+//! values are then read as broadcast scalars straight from the caller's
+//! rows (no transposition, no packing of K or V when they are f32), the
+//! only packed panel is `Q^T`, built once per block and reused for every key
+//! tile, and the softmax's row maximum and sum are plain lane-wise vector
+//! operations with no horizontal reduction.
+//!
+//! Masking follows the tile classifier of `attn_spec::SeqMask`: `Skip`
+//! tiles are never visited (the loop runs over the block's visible key span
+//! only), `Full` tiles run without any mask check, and only `Partial`
+//! tiles, or problems with per-element terms (softcap, ALiBi, bias, boolean
+//! mask), go through [`transform`].
+
+use crate::blocking::{KEYS, LANES, MR, ROWS, ROW_VECS};
+use crate::element::CpuElement;
+use crate::microkernel::{dispatch_m, pv, scores};
+use crate::pack::{kv_rows, pack_q};
+use crate::simd::{load, store, V};
+use crate::softmax::OnlineSoftmax;
+use crate::work::Item;
+use attn_spec::{HostData, Problem, SeqMask, TileClass, View};
+use std::f32::consts::LOG2_E;
+use wide::i32x16;
+
+/// Everything about a call that the loop nest reads.
+pub struct Ctx<'a, T> {
+    /// The problem.
+    pub p: &'a Problem,
+    /// Queries.
+    pub q: &'a [T],
+    /// Keys.
+    pub k: &'a [T],
+    /// Values.
+    pub v: &'a [T],
+    /// Additive bias and its view.
+    pub bias: Option<(&'a HostData, View)>,
+    /// Boolean mask and its view.
+    pub mask: Option<(&'a [bool], View)>,
+}
+
+impl<T> Ctx<'_, T> {
+    /// Whether scores need per-element work beyond the causal/window mask.
+    fn per_element(&self) -> bool {
+        let o = &self.p.options;
+        o.softcap.is_some() || o.alibi_slopes.is_some() || self.bias.is_some() || self.mask.is_some()
+    }
+
+    /// Multiplier of Q when packed: the scale, and log2(e) too unless a
+    /// soft-cap must first see natural units.
+    fn q_scale(&self) -> f32 {
+        let s = self.p.scale();
+        if self.p.options.softcap.is_some() {
+            s
+        } else {
+            s * LOG2_E
+        }
+    }
+}
+
+/// Per-thread scratch: one tile of each kind.
+pub struct Workspace {
+    /// `Q^T`, `d_qk x ROWS`.
+    pub qt: Vec<f32>,
+    /// Score / probability tile `S^T`, `KEYS x ROWS`.
+    pub st: Vec<f32>,
+    /// Running output `O^T`, `d_v x ROWS`.
+    pub ot: Vec<f32>,
+    /// Widened keys when K is not f32 with unit stride.
+    pub kbuf: Vec<f32>,
+    /// Widened values when V is not f32 with unit stride.
+    pub vbuf: Vec<f32>,
+}
+
+impl Workspace {
+    /// Scratch for head dims `dk`, `dv`.
+    pub fn new(dk: usize, dv: usize) -> Self {
+        Workspace {
+            qt: vec![0.0; dk * ROWS],
+            st: vec![0.0; KEYS * ROWS],
+            ot: vec![0.0; dv * ROWS],
+            kbuf: vec![0.0; KEYS * dk],
+            vbuf: vec![0.0; KEYS * dv],
+        }
+    }
+}
+
+/// Runs one item: leaves the unnormalised output in `ws.ot` and returns the
+/// softmax state.
+pub fn run_item<T: CpuElement>(ctx: &Ctx<'_, T>, item: &Item, ws: &mut Workspace) -> OnlineSoftmax {
+    let p = ctx.p;
+    let dk = p.shape.head_dim_qk;
+    pack_q(ctx.q, &p.q, item, dk, ctx.q_scale(), &mut ws.qt);
+    ws.ot.fill(0.0);
+    let mut sm = OnlineSoftmax::new();
+    let mask = p.seq_mask(item.b);
+    let span = mask.kv_span(item.positions());
+    let (lo, hi) = (span.start.max(item.keys.start), span.end.min(item.keys.end));
+    let rows = RowInfo::new(ctx, item, &mask);
+    let per_element = ctx.per_element();
+    let mut j0 = lo;
+    while j0 < hi {
+        let n = KEYS.min(hi - j0);
+        let class = mask.classify(item.positions(), j0..j0 + n);
+        if class != TileClass::Skip {
+            step(ctx, item, ws, &mut sm, (j0, n), &rows, class == TileClass::Partial || per_element);
+        }
+        j0 += n;
+    }
+    sm
+}
+
+/// One key tile: scores, transforms, softmax, `P V`.
+fn step<T: CpuElement>(
+    ctx: &Ctx<'_, T>,
+    item: &Item,
+    ws: &mut Workspace,
+    sm: &mut OnlineSoftmax,
+    (j0, n): (usize, usize),
+    rows: &RowInfo,
+    masked: bool,
+) {
+    let p = ctx.p;
+    let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
+    let g = (item.b, item.kvh);
+    let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
+    let mut j = 0;
+    while j < n {
+        let m = MR.min(n - j);
+        debug_assert!(k.len() >= (j + m - 1) * ks + dk);
+        // SAFETY: kv_rows returned n rows of dk floats, ks apart, in `k`
+        // (checked above in debug builds); qt is dk x ROWS; st is KEYS x
+        // ROWS and j + m <= n <= KEYS.
+        unsafe {
+            dispatch_m!(
+                m,
+                scores(k.as_ptr().add(j * ks), ks, ws.qt.as_ptr(), dk, ws.st.as_mut_ptr().add(j * ROWS))
+            )
+        };
+        j += m;
+    }
+    if masked {
+        transform(ctx, item, &mut ws.st, (j0, n), rows);
+    }
+    let alpha = sm.update(&mut ws.st, n);
+    let (v, vs) = kv_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
+    let mut c = 0;
+    while c < dv {
+        let m = MR.min(dv - c);
+        debug_assert!(v.len() >= (n - 1) * vs + dv);
+        // SAFETY: v holds n rows of dv floats, vs apart, and c + m <= dv;
+        // st holds n x ROWS probabilities; ot is dv x ROWS.
+        unsafe {
+            dispatch_m!(
+                m,
+                pv(v.as_ptr().add(c), vs, ws.st.as_ptr(), n, ws.ot.as_mut_ptr().add(c * ROWS), &alpha)
+            )
+        };
+        c += m;
+    }
+}
+
+/// Per-row facts of a block, as vectors over the lanes.
+pub struct RowInfo {
+    /// First visible key of each row (`0` for rows past the block).
+    lo: [i32x16; ROW_VECS],
+    /// One past the last visible key (`0` for rows past the block).
+    hi: [i32x16; ROW_VECS],
+    /// The diagonal key of each row, as f32 (for ALiBi).
+    diag: [V; ROW_VECS],
+    /// ALiBi slope of each row's head times log2(e).
+    slope: [V; ROW_VECS],
+}
+
+impl RowInfo {
+    fn new<T>(ctx: &Ctx<'_, T>, item: &Item, mask: &SeqMask) -> Self {
+        let mut lo = [[0i32; LANES]; ROW_VECS];
+        let mut hi = [[0i32; LANES]; ROW_VECS];
+        let mut diag = [[0f32; LANES]; ROW_VECS];
+        let mut slope = [[0f32; LANES]; ROW_VECS];
+        for r in 0..item.rows() {
+            let (pos, h) = item.row(r);
+            let range = mask.kv_range(pos);
+            let (v, l) = (r / LANES, r % LANES);
+            lo[v][l] = range.start as i32;
+            hi[v][l] = range.end as i32;
+            diag[v][l] = mask.diagonal(pos) as f32;
+            if let Some(s) = &ctx.p.options.alibi_slopes {
+                slope[v][l] = s[h] * LOG2_E;
+            }
+        }
+        RowInfo {
+            lo: lo.map(i32x16::from),
+            hi: hi.map(i32x16::from),
+            diag: diag.map(V::from),
+            slope: slope.map(V::from),
+        }
+    }
+}
+
+/// Applies, in the contract's order, soft-capping, ALiBi, bias and masks to
+/// the score tile (`n x ROWS`, keys `j0..j0+n`), leaving base-2 scores with
+/// `-inf` where a pair is excluded.
+fn transform<T>(ctx: &Ctx<'_, T>, item: &Item, st: &mut [f32], (j0, n): (usize, usize), rows: &RowInfo) {
+    let o = &ctx.p.options;
+    let ninf = V::splat(f32::NEG_INFINITY);
+    let cap = o.softcap;
+    let alibi = o.alibi_slopes.is_some();
+    assert!(st.len() >= n * ROWS);
+    for j in 0..n {
+        let jg = j0 + j;
+        let jv = i32x16::splat(jg as i32);
+        let jf = V::splat(jg as f32);
+        for v in 0..ROW_VECS {
+            let at = j * ROWS + v * LANES;
+            // SAFETY: j < n and the assert above: 16 floats at `at`.
+            let mut t = unsafe { load(st.as_ptr().add(at)) };
+            if let Some(c) = cap {
+                let c = V::splat(c);
+                t = c * (t / c).tanh() * V::splat(LOG2_E);
+            }
+            if alibi {
+                t -= rows.slope[v] * (jf - rows.diag[v]).abs();
+            }
+            let outside = jv.simd_lt(rows.lo[v]) | jv.simd_ge(rows.hi[v]);
+            let outside: V = wide::bytemuck::cast(outside);
+            t = outside.select(ninf, t);
+            // SAFETY: as above.
+            unsafe { store(st.as_mut_ptr().add(at), t) };
+        }
+    }
+    if ctx.bias.is_none() && ctx.mask.is_none() {
+        return;
+    }
+    for r in 0..item.rows() {
+        let (pos, h) = item.row(r);
+        for j in 0..n {
+            let jg = j0 + j;
+            let at = j * ROWS + r;
+            if let Some((b, view)) = &ctx.bias {
+                st[at] += (b.get(view.index([item.b, h, pos, jg])) as f32) * LOG2_E;
+            }
+            if let Some((m, view)) = &ctx.mask {
+                if !m[view.index([item.b, h, pos, jg])] {
+                    st[at] = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! attn-cpu through the conformance suite: every option and dtype against
+//! the f64 reference, the hand-computed cases, bad input, and bitwise
+//! invariance under the thread count.
+
+use attn_conformance::{case_params, check_case, errors, hand, Case, CaseParams, Outcome};
+use attn_cpu::Cpu;
+use attn_spec::{AttnOptions, Backend, DType, Inputs, Shape};
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cpu_passes_the_suite(params in case_params()) {
+        let case = Case::build(params);
+        let r = check_case(&Cpu::new(), &case);
+        prop_assert_eq!(r, Ok(Outcome::Passed));
+    }
+}
+
+#[test]
+fn hand_computed_cases() {
+    hand::all(&Cpu::new()).unwrap();
+}
+
+#[test]
+fn bad_input_gives_typed_errors() {
+    errors::all(&Cpu::new()).unwrap();
+}
+
+/// Long key sequences take the split-KV path (decode shapes); it must pass
+/// the same check, with sinks, windows and per-sequence lengths.
+#[test]
+fn split_kv_decoding_passes() {
+    for (opts, dtype) in [
+        (AttnOptions::default(), DType::F32),
+        (AttnOptions::default().causal().with_lse(), DType::Bf16),
+        (AttnOptions::default().window(Some(1500), Some(0)).sinks(vec![0.5; 8]).with_lse(), DType::F16),
+        (AttnOptions::default().kv_lens(vec![3000, 0]).with_lse(), DType::F32),
+    ] {
+        let mut params = CaseParams::plain(Shape::new(2, 8, 2, 1, 3500, 64));
+        params.options = opts;
+        params.dtype = dtype;
+        params.seed = 9;
+        let case = Case::build(params);
+        assert_eq!(check_case(&Cpu::new(), &case), Ok(Outcome::Passed), "{}", case.describe());
+    }
+}
+
+/// The output is bitwise identical for 1, 2 and 3 threads, on both the
+/// prefill and the split-KV paths.
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let shapes = [
+        Shape::new(2, 4, 2, 200, 333, 40),
+        Shape::new(1, 8, 2, 1, 5000, 64),
+    ];
+    for shape in shapes {
+        let mut params = CaseParams::plain(shape);
+        params.options = AttnOptions::default().causal().with_lse();
+        params.seed = 5;
+        let case = Case::build(params);
+        let run = |threads: usize| {
+            let cpu = Cpu::with_threads(threads).unwrap();
+            let o = cpu
+                .forward(&case.problem, Inputs::new(&case.q, &case.k, &case.v))
+                .unwrap();
+            (o.out, o.lse)
+        };
+        let one = run(1);
+        assert_eq!(one, run(2));
+        assert_eq!(one, run(3));
+    }
+}
