@@ -13,7 +13,9 @@ use std::hint::black_box;
 
 fn attention(c: &mut Criterion) {
     for kind in EngineKind::compiled() {
-        let Ok(engine) = Engine::of(kind) else { continue };
+        let Ok(engine) = Engine::of(kind) else {
+            continue;
+        };
         for case in SUITE {
             if kind == EngineKind::Reference && !case.small {
                 continue;

@@ -2,6 +2,8 @@
 //! criterion benches, `cargo xtask bench` and the report share, and the
 //! helpers that build each case's problem and data.
 
+pub mod machine;
+
 use attn_spec::{AttnOptions, DType, HostData, MaskKind, Problem, Shape};
 
 /// One benchmark shape.
@@ -59,13 +61,62 @@ const F32: DType = DType::F32;
 /// dtype, small.
 pub const SUITE: &[BenchCase] = &[
     case("tiny/s64-d32", (1, 2, 2), (64, 64, 32), NONE, F32, true),
-    case("tiny/s128-d64-causal", (1, 2, 2), (128, 128, 64), CAUSAL, F32, true),
-    case("prefill/s512-d64", (1, 8, 8), (512, 512, 64), NONE, F32, false),
-    case("prefill/s512-d64-causal", (1, 8, 8), (512, 512, 64), CAUSAL, F32, false),
-    case("prefill/s512-d128", (1, 8, 8), (512, 512, 128), NONE, F32, false),
-    case("prefill/s2048-d128-causal", (1, 8, 8), (2048, 2048, 128), CAUSAL, F32, false),
-    case("decode/gqa32:8-kv4096-d128", (1, 32, 8), (1, 4096, 128), NONE, F32, false),
-    case("encoder/b8-h12-s256-d64", (8, 12, 12), (256, 256, 64), NONE, F32, false),
+    case(
+        "tiny/s128-d64-causal",
+        (1, 2, 2),
+        (128, 128, 64),
+        CAUSAL,
+        F32,
+        true,
+    ),
+    case(
+        "prefill/s512-d64",
+        (1, 8, 8),
+        (512, 512, 64),
+        NONE,
+        F32,
+        false,
+    ),
+    case(
+        "prefill/s512-d64-causal",
+        (1, 8, 8),
+        (512, 512, 64),
+        CAUSAL,
+        F32,
+        false,
+    ),
+    case(
+        "prefill/s512-d128",
+        (1, 8, 8),
+        (512, 512, 128),
+        NONE,
+        F32,
+        false,
+    ),
+    case(
+        "prefill/s2048-d128-causal",
+        (1, 8, 8),
+        (2048, 2048, 128),
+        CAUSAL,
+        F32,
+        false,
+    ),
+    case(
+        "decode/gqa32:8-kv4096-d128",
+        (1, 32, 8),
+        (1, 4096, 128),
+        NONE,
+        F32,
+        false,
+    ),
+    case(
+        "encoder/b8-h12-s256-d64",
+        (8, 12, 12),
+        (256, 256, 64),
+        NONE,
+        F32,
+        false,
+    ),
 ];
 
 impl BenchCase {

@@ -9,7 +9,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut extra: Vec<String> = Vec::new();
     for a in args {
         match a.as_str() {
-            "--quick" => extra.extend(["--warm-up-time", "0.2", "--measurement-time", "0.5"].map(String::from)),
+            "--quick" => extra
+                .extend(["--warm-up-time", "0.2", "--measurement-time", "0.5"].map(String::from)),
             other => extra.push(other.to_string()),
         }
     }

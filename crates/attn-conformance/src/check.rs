@@ -109,7 +109,7 @@ pub fn compare(
                 let e_got = err(&g);
                 let e_low = low.map_or(0.0, |l| err(&row(l)));
                 let bound = 2.0 * e_low + floors[r].out;
-                if !(e_got <= bound) {
+                if !within(e_got, bound) {
                     return Err(format!(
                         "{}: max |out - ref64| = {e_got:e} exceeds 2 * {e_low:e} (low-precision reference) + {:e} (a-priori floor)",
                         where_(),
@@ -120,7 +120,7 @@ pub fn compare(
                     let e = (got.lse[r] - ref64.lse[r]).abs();
                     let e_low = low.map_or(0.0, |l| (l.lse[r] - ref64.lse[r]).abs());
                     let bound = 2.0 * e_low + floors[r].lse;
-                    if !(e <= bound) {
+                    if !within(e, bound) {
                         return Err(format!(
                             "{}: lse {} vs reference {}: error {e:e} exceeds {bound:e}",
                             where_(),
@@ -135,14 +135,19 @@ pub fn compare(
     Ok(())
 }
 
+/// `err <= bound`, false when `err` is NaN (a NaN result never passes).
+fn within(err: f64, bound: f64) -> bool {
+    err.partial_cmp(&bound).is_some_and(|o| o.is_le())
+}
+
 /// Runs one case on `backend` and checks it against the reference.
 pub fn check_case<B: Backend>(backend: &B, case: &Case) -> Result<Outcome, String> {
     let ctx = |e: String| format!("{} on case [{}]: {e}", backend.name(), case.describe());
     match backend.supports(&case.problem) {
         Ok(()) => {}
-        Err(AttnError::Unsupported { feature, reason, .. }) => {
-            return Ok(Outcome::Skipped(format!("{feature}: {reason}")))
-        }
+        Err(AttnError::Unsupported {
+            feature, reason, ..
+        }) => return Ok(Outcome::Skipped(format!("{feature}: {reason}"))),
         Err(e) => return Err(ctx(format!("supports() failed: {e}"))),
     }
     let run = || -> Result<(HostData, Option<HostData>), AttnError> {

@@ -33,7 +33,11 @@ fn expect_forward<B: Backend>(
     mask: Option<HostData>,
     want: Expect,
 ) -> Result<(), String> {
-    let up = |d: &HostData| backend.upload(d).map_err(|e| format!("{name}: upload: {e}"));
+    let up = |d: &HostData| {
+        backend
+            .upload(d)
+            .map_err(|e| format!("{name}: upload: {e}"))
+    };
     let (q, k, v) = (up(&bufs[0])?, up(&bufs[1])?, up(&bufs[2])?);
     let bias = bias.as_ref().map(up).transpose()?;
     let mask = mask.as_ref().map(up).transpose()?;
@@ -67,12 +71,27 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
         (
             "heads not divisible",
             Problem::new(Shape::new(2, 3, 2, 5, 7, 8), DType::F32),
-            |e| matches!(e, AttnError::HeadsNotDivisible { q_heads: 3, kv_heads: 2 }),
+            |e| {
+                matches!(
+                    e,
+                    AttnError::HeadsNotDivisible {
+                        q_heads: 3,
+                        kv_heads: 2
+                    }
+                )
+            },
         ),
         (
             "zero head dim",
             Problem::new(Shape::new(2, 4, 2, 5, 7, 0), DType::F32),
-            |e| matches!(e, AttnError::ZeroSize { what: "head_dim_qk" }),
+            |e| {
+                matches!(
+                    e,
+                    AttnError::ZeroSize {
+                        what: "head_dim_qk"
+                    }
+                )
+            },
         ),
         (
             "zero batch",
@@ -84,21 +103,31 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
             Problem::new(Shape::new(1, 4, 0, 5, 7, 8), DType::F32),
             |e| matches!(e, AttnError::ZeroSize { what: "kv_heads" }),
         ),
-        (
-            "k head dim mismatch",
-            with(&|p| p.k.dims[3] = 9),
-            |e| matches!(e, AttnError::Shape { tensor: "k", axis: "head_dim", expected: 8, got: 9 }),
-        ),
-        (
-            "v seq mismatch",
-            with(&|p| p.v.dims[1] = 6),
-            |e| matches!(e, AttnError::Shape { tensor: "v", axis: "seq", expected: 7, got: 6 }),
-        ),
-        (
-            "q view beyond buffer",
-            with(&|p| p.q.offset = 1),
-            |e| matches!(e, AttnError::BufferTooSmall { tensor: "q", .. }),
-        ),
+        ("k head dim mismatch", with(&|p| p.k.dims[3] = 9), |e| {
+            matches!(
+                e,
+                AttnError::Shape {
+                    tensor: "k",
+                    axis: "head_dim",
+                    expected: 8,
+                    got: 9
+                }
+            )
+        }),
+        ("v seq mismatch", with(&|p| p.v.dims[1] = 6), |e| {
+            matches!(
+                e,
+                AttnError::Shape {
+                    tensor: "v",
+                    axis: "seq",
+                    expected: 7,
+                    got: 6
+                }
+            )
+        }),
+        ("q view beyond buffer", with(&|p| p.q.offset = 1), |e| {
+            matches!(e, AttnError::BufferTooSmall { tensor: "q", .. })
+        }),
         (
             "overflowing strides",
             with(&|p| p.k.strides[1] = usize::MAX / 4),
@@ -109,40 +138,81 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
             Problem::new(Shape::new(1, 1, 1, usize::MAX / 4, 3, 8), DType::F32),
             |e| matches!(e, AttnError::Overflow { .. }),
         ),
-        (
-            "aliasing output",
-            with(&|p| p.out.strides[2] = 0),
-            |e| matches!(e, AttnError::Aliasing { tensor: "out" }),
-        ),
-        (
-            "bool element type",
-            with(&|p| p.dtype = DType::Bool),
-            |e| matches!(e, AttnError::DType { tensor: "q", .. }),
-        ),
+        ("aliasing output", with(&|p| p.out.strides[2] = 0), |e| {
+            matches!(e, AttnError::Aliasing { tensor: "out" })
+        }),
+        ("bool element type", with(&|p| p.dtype = DType::Bool), |e| {
+            matches!(e, AttnError::DType { tensor: "q", .. })
+        }),
         (
             "alibi slopes length",
             opts(AttnOptions::default().alibi(vec![0.5; 3])),
-            |e| matches!(e, AttnError::OptionLength { option: "alibi_slopes", expected: 4, got: 3 }),
+            |e| {
+                matches!(
+                    e,
+                    AttnError::OptionLength {
+                        option: "alibi_slopes",
+                        expected: 4,
+                        got: 3
+                    }
+                )
+            },
         ),
         (
             "sinks length",
             opts(AttnOptions::default().sinks(vec![0.0; 5])),
-            |e| matches!(e, AttnError::OptionLength { option: "sinks", expected: 4, got: 5 }),
+            |e| {
+                matches!(
+                    e,
+                    AttnError::OptionLength {
+                        option: "sinks",
+                        expected: 4,
+                        got: 5
+                    }
+                )
+            },
         ),
         (
             "q_lens length",
             opts(AttnOptions::default().q_lens(vec![1])),
-            |e| matches!(e, AttnError::OptionLength { option: "q_lens", expected: 2, got: 1 }),
+            |e| {
+                matches!(
+                    e,
+                    AttnError::OptionLength {
+                        option: "q_lens",
+                        expected: 2,
+                        got: 1
+                    }
+                )
+            },
         ),
         (
             "kv_lens beyond kv_len",
             opts(AttnOptions::default().kv_lens(vec![3, 8])),
-            |e| matches!(e, AttnError::SeqLen { option: "kv_lens", batch: 1, len: 8, max: 7 }),
+            |e| {
+                matches!(
+                    e,
+                    AttnError::SeqLen {
+                        option: "kv_lens",
+                        batch: 1,
+                        len: 8,
+                        max: 7
+                    }
+                )
+            },
         ),
         (
             "negative softcap",
             opts(AttnOptions::default().softcap(-1.0)),
-            |e| matches!(e, AttnError::Parameter { what: "softcap", .. }),
+            |e| {
+                matches!(
+                    e,
+                    AttnError::Parameter {
+                        what: "softcap",
+                        ..
+                    }
+                )
+            },
         ),
         (
             "NaN scale",
@@ -151,7 +221,11 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
         ),
         (
             "bias described, no buffer",
-            with(&|p| *p = p.clone().with_bias(View::contiguous([1, 1, 5, 7]), DType::F32)),
+            with(&|p| {
+                *p = p
+                    .clone()
+                    .with_bias(View::contiguous([1, 1, 5, 7]), DType::F32)
+            }),
             |e| matches!(e, AttnError::Missing { tensor: "bias", .. }),
         ),
     ];
@@ -168,7 +242,16 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
         [q.clone(), k.clone(), zeros(DType::F16, v.len())],
         None,
         None,
-        |e| matches!(e, AttnError::DType { tensor: "v", got: DType::F16, .. }),
+        |e| {
+            matches!(
+                e,
+                AttnError::DType {
+                    tensor: "v",
+                    got: DType::F16,
+                    ..
+                }
+            )
+        },
     )?;
     expect_forward(
         backend,
@@ -187,7 +270,17 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
         ok.clone(),
         Some(zeros(DType::F32, 40)),
         None,
-        |e| matches!(e, AttnError::Shape { tensor: "bias", axis: "kv_len", expected: 7, got: 8 }),
+        |e| {
+            matches!(
+                e,
+                AttnError::Shape {
+                    tensor: "bias",
+                    axis: "kv_len",
+                    expected: 7,
+                    got: 8
+                }
+            )
+        },
     )?;
     expect_forward(
         backend,
@@ -196,7 +289,17 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
         ok.clone(),
         Some(zeros(DType::F32, 70)),
         None,
-        |e| matches!(e, AttnError::Shape { tensor: "bias", axis: "heads", expected: 4, got: 2 }),
+        |e| {
+            matches!(
+                e,
+                AttnError::Shape {
+                    tensor: "bias",
+                    axis: "heads",
+                    expected: 4,
+                    got: 2
+                }
+            )
+        },
     )?;
     expect_forward(
         backend,
@@ -215,7 +318,16 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
         ok.clone(),
         None,
         Some(zeros(DType::F32, 70)),
-        |e| matches!(e, AttnError::DType { tensor: "mask", got: DType::F32, .. }),
+        |e| {
+            matches!(
+                e,
+                AttnError::DType {
+                    tensor: "mask",
+                    got: DType::F32,
+                    ..
+                }
+            )
+        },
     )?;
     expect_forward(
         backend,
@@ -224,19 +336,32 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
         ok.clone(),
         None,
         Some(zeros(DType::Bool, 69)),
-        |e| matches!(e, AttnError::BufferTooSmall { tensor: "mask", needed: 70, len: 69 }),
+        |e| {
+            matches!(
+                e,
+                AttnError::BufferTooSmall {
+                    tensor: "mask",
+                    needed: 70,
+                    len: 69
+                }
+            )
+        },
     )?;
 
     // forward_into with a short output and a missing lse buffer.
     let up = |d: &HostData| backend.upload(d).map_err(|e| e.to_string());
     let (qb, kb, vb) = (up(&q)?, up(&k)?, up(&v)?);
-    let mut short = backend.zeros(DType::F32, 2 * 5 * 4 * 8 - 1).map_err(|e| e.to_string())?;
+    let mut short = backend
+        .zeros(DType::F32, 2 * 5 * 4 * 8 - 1)
+        .map_err(|e| e.to_string())?;
     match backend.forward_into(&base, Inputs::new(&qb, &kb, &vb), &mut short, None) {
         Err(AttnError::BufferTooSmall { tensor: "out", .. }) => {}
         r => return Err(format!("short output: {r:?}")),
     }
     let lse_p = opts(AttnOptions::default().with_lse());
-    let mut out = backend.zeros(DType::F32, 2 * 5 * 4 * 8).map_err(|e| e.to_string())?;
+    let mut out = backend
+        .zeros(DType::F32, 2 * 5 * 4 * 8)
+        .map_err(|e| e.to_string())?;
     match backend.forward_into(&lse_p, Inputs::new(&qb, &kb, &vb), &mut out, None) {
         Err(AttnError::Missing { tensor: "lse", .. }) => {}
         r => return Err(format!("missing lse buffer: {r:?}")),
@@ -246,7 +371,12 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
     let w = up(&zeros(DType::F32, 6 * 4))?;
     let x = up(&zeros(DType::F32, 3 * 4))?;
     match backend.linear(&x, 3, &w, None, 4, 5) {
-        Err(AttnError::Shape { tensor: "weight", expected: 20, got: 24, .. }) => {}
+        Err(AttnError::Shape {
+            tensor: "weight",
+            expected: 20,
+            got: 24,
+            ..
+        }) => {}
         r => return Err(format!("linear weight size: {:?}", r.err())),
     }
     let c = MhaConfig::new(8, 4, 2);
@@ -259,7 +389,12 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
         biases: None,
     };
     match MultiHeadAttention::new(backend, c, weights) {
-        Err(AttnError::Shape { tensor: "wk", expected: 32, got: 31, .. }) => Ok(()),
+        Err(AttnError::Shape {
+            tensor: "wk",
+            expected: 32,
+            got: 31,
+            ..
+        }) => Ok(()),
         r => Err(format!("mha weight size: {:?}", r.err())),
     }
 }

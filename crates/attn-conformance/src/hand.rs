@@ -145,10 +145,7 @@ pub fn fully_masked<B: Backend>(backend: &B) -> Result<(), String> {
 pub fn sink<B: Backend>(backend: &B) -> Result<(), String> {
     let mut c = explicit(2, 1, 1, &[1.0, 1.0], &[0.0], &[3.0]);
     // Row 0 sees nothing (bottom-right causal with 2 rows, 1 key).
-    c.problem.options = AttnOptions::default()
-        .causal()
-        .sinks(vec![0.0])
-        .with_lse();
+    c.problem.options = AttnOptions::default().causal().sinks(vec![0.0]).with_lse();
     let got = run(backend, &c)?;
     // Row 1: score 0, sink 0: weight 1/2; lse = ln 2.
     expect(

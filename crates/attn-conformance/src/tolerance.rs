@@ -162,7 +162,11 @@ pub fn row_floors_in(case: &Case, lse64: &[f64], a: Arith) -> Vec<RowFloor> {
                 let lse = delta
                     + 2.0 * a.exp_err
                     + a.gamma(n + 2)
-                    + if l.is_finite() { a.u_lse * l.abs() } else { 0.0 };
+                    + if l.is_finite() {
+                        a.u_lse * l.abs()
+                    } else {
+                        0.0
+                    };
                 floors.push(RowFloor { out, lse });
             }
         }

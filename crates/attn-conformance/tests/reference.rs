@@ -10,8 +10,8 @@ use attn_conformance::{case_params, check_case, errors, hand, run_suite, Case, O
 use attn_spec::dense::attend_dense;
 use attn_spec::reference::RefResult;
 use attn_spec::{
-    merge_states, AttnOptions, Backend, BufferInfo, DType, HostData, Inputs, MhaConfig,
-    MhaWeights, MultiHeadAttention, Problem, Reference, Shape, View,
+    merge_states, AttnOptions, Backend, BufferInfo, DType, HostData, Inputs, MhaConfig, MhaWeights,
+    MultiHeadAttention, Problem, Reference, Shape, View,
 };
 use proptest::prelude::*;
 
@@ -145,7 +145,10 @@ impl Backend for Broken {
 fn the_suite_rejects_broken_backends() {
     for flip_alignment in [true, false] {
         let r = run_suite(&Broken { flip_alignment }, 256);
-        assert!(r.is_err(), "broken backend (flip={flip_alignment}) passed: {r:?}");
+        assert!(
+            r.is_err(),
+            "broken backend (flip={flip_alignment}) passed: {r:?}"
+        );
     }
 }
 
@@ -217,7 +220,11 @@ fn merge_states_reproduces_the_full_result() {
 }
 
 fn identity(n: usize) -> HostData {
-    HostData::F32((0..n * n).map(|i| if i % (n + 1) == 0 { 1.0 } else { 0.0 }).collect())
+    HostData::F32(
+        (0..n * n)
+            .map(|i| if i % (n + 1) == 0 { 1.0 } else { 0.0 })
+            .collect(),
+    )
 }
 
 /// With identity projections, multi-head attention is attention on the
@@ -245,7 +252,8 @@ fn multi_head_attention_with_identity_weights_is_plain_attention() {
     };
     let layer = MultiHeadAttention::new(Reference, cfg, weights).unwrap();
     let mut rng = attn_conformance::rng::Rng::new(11);
-    let mut rand = |n: usize| HostData::F32((0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect());
+    let mut rand =
+        |n: usize| HostData::F32((0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect());
     let x = rand(b * sq * model);
     let xkv = rand(b * sk * kv_model);
     let opts = AttnOptions::default().causal();
@@ -268,7 +276,9 @@ fn multi_head_attention_with_identity_weights_is_plain_attention() {
         },
     )
     .unwrap();
-    let got = layer.forward(&x, b, sq, None, &AttnOptions::default()).unwrap();
+    let got = layer
+        .forward(&x, b, sq, None, &AttnOptions::default())
+        .unwrap();
     let p = Problem::new(Shape::new(b, hq, hq, sq, sq, hd), DType::F32);
     let want = Reference.forward(&p, Inputs::new(&x, &x, &x)).unwrap();
     assert_eq!(got, want.out);

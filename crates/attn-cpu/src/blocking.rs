@@ -35,7 +35,7 @@ pub const ROW_VECS: usize = 4;
 pub const ROWS: usize = ROW_VECS * LANES;
 
 /// Keys per step of the inner loop.
-pub const KEYS: usize = 128;
+pub const KEYS: usize = 64;
 
 /// Keys (for scores) or value columns (for `P V`) per microkernel call.
 pub const MR: usize = 6;

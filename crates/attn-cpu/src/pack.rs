@@ -38,7 +38,13 @@ pub fn pack_q<T: CpuElement>(
 
 /// Widens one row of `d` elements starting at logical index `at` (last
 /// axis varying) into `dst`.
-pub fn gather_row<T: CpuElement>(src: &[T], view: &View, at: [usize; 4], d: usize, dst: &mut [f32]) {
+pub fn gather_row<T: CpuElement>(
+    src: &[T],
+    view: &View,
+    at: [usize; 4],
+    d: usize,
+    dst: &mut [f32],
+) {
     let base = view.index(at);
     if view.strides[3] == 1 || d == 1 {
         T::widen(&src[base..base + d], &mut dst[..d]);
@@ -47,6 +53,35 @@ pub fn gather_row<T: CpuElement>(src: &[T], view: &View, at: [usize; 4], d: usiz
             *x = src[base + e * view.strides[3]].to_f32();
         }
     }
+}
+
+/// Row stride of a packed value tile: `d` rounded up to whole 64-byte lines,
+/// plus one line when that count is even. The `P V` microkernel walks one
+/// column group down all rows of the tile; with an even number of lines
+/// per row those rows would crowd into a few L1 sets (4 KiB aliasing at
+/// d = 128 in the BSHD layout, where rows are `heads * d` apart) and evict
+/// each other between column groups; an odd count spreads them over all
+/// sets.
+pub fn packed_stride(d: usize) -> usize {
+    let lines = d.div_ceil(16);
+    16 * if lines % 2 == 0 { lines + 1 } else { lines }
+}
+
+/// Copies rows `j0..j0+n` (batch `b`, head `g`) into `dst` as f32 rows
+/// [`packed_stride`] apart.
+pub fn pack_rows<T: CpuElement>(
+    src: &[T],
+    view: &View,
+    (b, g): (usize, usize),
+    (j0, n): (usize, usize),
+    d: usize,
+    dst: &mut [f32],
+) -> usize {
+    let s = packed_stride(d);
+    for j in 0..n {
+        gather_row(src, view, [b, j0 + j, g, 0], d, &mut dst[j * s..j * s + d]);
+    }
+    s
 }
 
 /// Rows `j0..j0+n` of K or V for batch `b`, head `g`, as a pointer to f32
@@ -70,7 +105,13 @@ pub fn kv_rows<'a, T: CpuElement>(
         }
     }
     for j in 0..n {
-        gather_row(src, view, [b, j0 + j, g, 0], d, &mut scratch[j * d..(j + 1) * d]);
+        gather_row(
+            src,
+            view,
+            [b, j0 + j, g, 0],
+            d,
+            &mut scratch[j * d..(j + 1) * d],
+        );
     }
     (&scratch[..n * d], d)
 }

@@ -8,11 +8,11 @@
 //! chunks of a block run in parallel into a buffer of partial states that
 //! is merged in chunk order, again independent of the thread count.
 
+use crate::blocking::ROWS;
 use crate::element::CpuElement;
 use crate::softmax::finish_row;
 use crate::tiling::{run_item, Ctx, Workspace};
 use crate::work::{chunks, row_blocks, split_keys, Item};
-use crate::blocking::ROWS;
 use attn_spec::merge_states;
 use rayon::prelude::*;
 use std::f32::consts::LN_2;
@@ -50,13 +50,22 @@ impl<T: CpuElement> Sink<T> {
     }
 
     /// Writes one output row `(b, pos, h)` and its log-sum-exp.
-    fn write_row(&self, ctx: &Ctx<'_, T>, (b, pos, h): (usize, usize, usize), row: impl Fn(usize) -> f32, lse: f32) {
+    fn write_row(
+        &self,
+        ctx: &Ctx<'_, T>,
+        (b, pos, h): (usize, usize, usize),
+        row: impl Fn(usize) -> f32,
+        lse: f32,
+    ) {
         let p = ctx.p;
-        for c in 0..p.shape.head_dim_v {
-            let at = p.out.index([b, pos, h, c]);
-            assert!(at < self.out_len);
-            // SAFETY: in bounds (checked); no other item writes row (b, pos, h).
-            unsafe { *self.out.add(at) = T::from_f32(row(c)) };
+        let dv = p.shape.head_dim_v;
+        let base = p.out.index([b, pos, h, 0]);
+        let step = if dv > 1 { p.out.strides[3] } else { 0 };
+        assert!(base + (dv - 1) * step < self.out_len);
+        for c in 0..dv {
+            // SAFETY: base + c*step <= base + (dv-1)*step is in bounds
+            // (checked); no other item writes row (b, pos, h).
+            unsafe { *self.out.add(base + c * step) = T::from_f32(row(c)) };
         }
         if !self.lse.is_null() {
             let at = (b * p.shape.q_heads + h) * p.shape.q_len + pos;
@@ -85,7 +94,10 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>) {
     let mut blocks = row_blocks(p);
     let cost = |it: &Item| -> u64 {
         let m = p.seq_mask(it.b);
-        it.positions().map(|pos| m.kv_range(pos).len() as u64).sum::<u64>() * it.nh as u64
+        it.positions()
+            .map(|pos| m.kv_range(pos).len() as u64)
+            .sum::<u64>()
+            * it.nh as u64
     };
     blocks.sort_by_key(|it| std::cmp::Reverse(cost(it)));
     let sinks = p.options.sinks.as_deref();
@@ -111,7 +123,9 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>) {
         .enumerate()
         .flat_map(|(bi, it)| {
             let span = p.seq_mask(it.b).kv_span(it.positions());
-            chunks(span).into_iter().map(move |keys| (bi, Item { keys, ..it.clone() }))
+            chunks(span)
+                .into_iter()
+                .map(move |keys| (bi, Item { keys, ..it.clone() }))
         })
         .collect();
     let partial: Vec<(Vec<f32>, Vec<f32>)> = parts

@@ -34,6 +34,7 @@ impl OnlineSoftmax {
     /// Folds the score tile `st` (`n x ROWS`) into the state, replaces it by
     /// the probabilities `2^(s - m')`, and returns the rescale factors
     /// `alpha` for the running output.
+    #[allow(clippy::needless_range_loop)] // `v` indexes m, l, alpha and the tile
     pub fn update(&mut self, st: &mut [f32], n: usize) -> [V; ROW_VECS] {
         assert!(st.len() >= n * ROWS);
         let mut alpha = [V::ONE; ROW_VECS];
@@ -85,13 +86,22 @@ pub fn finish_row(m: f32, l: f32, sink: Option<f32>) -> (f32, f32) {
     let mut scale_o = 1.0f32;
     if let Some(s) = sink {
         let s2 = s * std::f32::consts::LOG2_E;
-        let mf = if m == f32::NEG_INFINITY { s2 } else { m.max(s2) };
-        let a = if m == f32::NEG_INFINITY { 0.0 } else { (m - mf).exp2() };
+        let mf = if m == f32::NEG_INFINITY {
+            s2
+        } else {
+            m.max(s2)
+        };
+        let a = if m == f32::NEG_INFINITY {
+            0.0
+        } else {
+            (m - mf).exp2()
+        };
         l = l * a + (s2 - mf).exp2();
         scale_o = a;
         m = mf;
     }
-    if !(l > 0.0) && !l.is_nan() {
+    if l <= 0.0 {
+        // No visible key and no sink (a NaN l falls through and propagates).
         return (0.0, f32::NEG_INFINITY);
     }
     let factor = scale_o / l;

@@ -20,7 +20,7 @@
 use crate::blocking::{KEYS, LANES, MR, ROWS, ROW_VECS};
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, scores};
-use crate::pack::{kv_rows, pack_q};
+use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride};
 use crate::simd::{load, store, V};
 use crate::softmax::OnlineSoftmax;
 use crate::work::Item;
@@ -48,7 +48,10 @@ impl<T> Ctx<'_, T> {
     /// Whether scores need per-element work beyond the causal/window mask.
     fn per_element(&self) -> bool {
         let o = &self.p.options;
-        o.softcap.is_some() || o.alibi_slopes.is_some() || self.bias.is_some() || self.mask.is_some()
+        o.softcap.is_some()
+            || o.alibi_slopes.is_some()
+            || self.bias.is_some()
+            || self.mask.is_some()
     }
 
     /// Multiplier of Q when packed: the scale, and log2(e) too unless a
@@ -85,7 +88,7 @@ impl Workspace {
             st: vec![0.0; KEYS * ROWS],
             ot: vec![0.0; dv * ROWS],
             kbuf: vec![0.0; KEYS * dk],
-            vbuf: vec![0.0; KEYS * dv],
+            vbuf: vec![0.0; KEYS * packed_stride(dv)],
         }
     }
 }
@@ -108,7 +111,15 @@ pub fn run_item<T: CpuElement>(ctx: &Ctx<'_, T>, item: &Item, ws: &mut Workspace
         let n = KEYS.min(hi - j0);
         let class = mask.classify(item.positions(), j0..j0 + n);
         if class != TileClass::Skip {
-            step(ctx, item, ws, &mut sm, (j0, n), &rows, class == TileClass::Partial || per_element);
+            step(
+                ctx,
+                item,
+                ws,
+                &mut sm,
+                (j0, n),
+                &rows,
+                class == TileClass::Partial || per_element,
+            );
         }
         j0 += n;
     }
@@ -139,7 +150,13 @@ fn step<T: CpuElement>(
         unsafe {
             dispatch_m!(
                 m,
-                scores(k.as_ptr().add(j * ks), ks, ws.qt.as_ptr(), dk, ws.st.as_mut_ptr().add(j * ROWS))
+                scores(
+                    k.as_ptr().add(j * ks),
+                    ks,
+                    ws.qt.as_ptr(),
+                    dk,
+                    ws.st.as_mut_ptr().add(j * ROWS)
+                )
             )
         };
         j += m;
@@ -148,7 +165,8 @@ fn step<T: CpuElement>(
         transform(ctx, item, &mut ws.st, (j0, n), rows);
     }
     let alpha = sm.update(&mut ws.st, n);
-    let (v, vs) = kv_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
+    let vs = pack_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
+    let v = &ws.vbuf[..];
     let mut c = 0;
     while c < dv {
         let m = MR.min(dv - c);
@@ -158,7 +176,14 @@ fn step<T: CpuElement>(
         unsafe {
             dispatch_m!(
                 m,
-                pv(v.as_ptr().add(c), vs, ws.st.as_ptr(), n, ws.ot.as_mut_ptr().add(c * ROWS), &alpha)
+                pv(
+                    v.as_ptr().add(c),
+                    vs,
+                    ws.st.as_ptr(),
+                    n,
+                    ws.ot.as_mut_ptr().add(c * ROWS),
+                    &alpha
+                )
             )
         };
         c += m;
@@ -206,7 +231,13 @@ impl RowInfo {
 /// Applies, in the contract's order, soft-capping, ALiBi, bias and masks to
 /// the score tile (`n x ROWS`, keys `j0..j0+n`), leaving base-2 scores with
 /// `-inf` where a pair is excluded.
-fn transform<T>(ctx: &Ctx<'_, T>, item: &Item, st: &mut [f32], (j0, n): (usize, usize), rows: &RowInfo) {
+fn transform<T>(
+    ctx: &Ctx<'_, T>,
+    item: &Item,
+    st: &mut [f32],
+    (j0, n): (usize, usize),
+    rows: &RowInfo,
+) {
     let o = &ctx.p.options;
     let ninf = V::splat(f32::NEG_INFINITY);
     let cap = o.softcap;

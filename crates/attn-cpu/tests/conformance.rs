@@ -35,15 +35,29 @@ fn split_kv_decoding_passes() {
     for (opts, dtype) in [
         (AttnOptions::default(), DType::F32),
         (AttnOptions::default().causal().with_lse(), DType::Bf16),
-        (AttnOptions::default().window(Some(1500), Some(0)).sinks(vec![0.5; 8]).with_lse(), DType::F16),
-        (AttnOptions::default().kv_lens(vec![3000, 0]).with_lse(), DType::F32),
+        (
+            AttnOptions::default()
+                .window(Some(1500), Some(0))
+                .sinks(vec![0.5; 8])
+                .with_lse(),
+            DType::F16,
+        ),
+        (
+            AttnOptions::default().kv_lens(vec![3000, 0]).with_lse(),
+            DType::F32,
+        ),
     ] {
         let mut params = CaseParams::plain(Shape::new(2, 8, 2, 1, 3500, 64));
         params.options = opts;
         params.dtype = dtype;
         params.seed = 9;
         let case = Case::build(params);
-        assert_eq!(check_case(&Cpu::new(), &case), Ok(Outcome::Passed), "{}", case.describe());
+        assert_eq!(
+            check_case(&Cpu::new(), &case),
+            Ok(Outcome::Passed),
+            "{}",
+            case.describe()
+        );
     }
 }
 

@@ -12,12 +12,7 @@ use crate::error::{AttnError, Result};
 
 /// Merges state `b` into state `a` in place: `o_a`/`o_b` hold `rows` rows of
 /// `dim` values, `lse_a`/`lse_b` one log-sum-exp per row.
-pub fn merge_states(
-    o_a: &mut [f32],
-    lse_a: &mut [f32],
-    o_b: &[f32],
-    lse_b: &[f32],
-) -> Result<()> {
+pub fn merge_states(o_a: &mut [f32], lse_a: &mut [f32], o_b: &[f32], lse_b: &[f32]) -> Result<()> {
     let rows = lse_a.len();
     if lse_b.len() != rows {
         return Err(AttnError::Shape {
@@ -104,6 +99,15 @@ mod tests {
         let e = merge_states(&mut o, &mut l, &[0.0; 3], &[0.0; 2]).unwrap_err();
         assert!(matches!(e, AttnError::Shape { tensor: "o_b", .. }), "{e}");
         let e = merge_states(&mut o, &mut l, &[0.0; 4], &[0.0; 1]).unwrap_err();
-        assert!(matches!(e, AttnError::Shape { tensor: "lse_b", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                AttnError::Shape {
+                    tensor: "lse_b",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 }

@@ -87,10 +87,15 @@ impl<B: Backend> MultiHeadAttention<B> {
                 return Err(AttnError::ZeroSize { what });
             }
         }
-        Problem::new(Shape::new(1, c.q_heads, c.kv_heads, 1, 1, c.head_dim_qk), crate::DType::F32)
-            .validate()?;
+        Problem::new(
+            Shape::new(1, c.q_heads, c.kv_heads, 1, 1, c.head_dim_qk),
+            crate::DType::F32,
+        )
+        .validate()?;
         let dt = backend.info(&weights.wq).dtype;
-        let over = AttnError::Overflow { what: "weight sizes" };
+        let over = AttnError::Overflow {
+            what: "weight sizes",
+        };
         let hq = c.q_heads.checked_mul(c.head_dim_qk).ok_or(over.clone())?;
         let hk = c.kv_heads.checked_mul(c.head_dim_qk).ok_or(over.clone())?;
         let hv = c.kv_heads.checked_mul(c.head_dim_v).ok_or(over.clone())?;
@@ -175,21 +180,51 @@ impl<B: Backend> MultiHeadAttention<B> {
                 got: c.model_dim,
             });
         }
-        let over = AttnError::Overflow { what: "batch * seq" };
+        let over = AttnError::Overflow {
+            what: "batch * seq",
+        };
         let rows_q = batch.checked_mul(q_len).ok_or(over.clone())?;
         let rows_kv = batch.checked_mul(kv_len).ok_or(over)?;
         let w = &self.weights;
         let b = |i: usize| w.biases.as_ref().map(|bs| &bs[i]);
         let be = &self.backend;
-        let q = be.linear(x, rows_q, &w.wq, b(0), c.model_dim, c.q_heads * c.head_dim_qk)?;
-        let k = be.linear(x_kv, rows_kv, &w.wk, b(1), c.kv_model_dim, c.kv_heads * c.head_dim_qk)?;
-        let v = be.linear(x_kv, rows_kv, &w.wv, b(2), c.kv_model_dim, c.kv_heads * c.head_dim_v)?;
+        let q = be.linear(
+            x,
+            rows_q,
+            &w.wq,
+            b(0),
+            c.model_dim,
+            c.q_heads * c.head_dim_qk,
+        )?;
+        let k = be.linear(
+            x_kv,
+            rows_kv,
+            &w.wk,
+            b(1),
+            c.kv_model_dim,
+            c.kv_heads * c.head_dim_qk,
+        )?;
+        let v = be.linear(
+            x_kv,
+            rows_kv,
+            &w.wv,
+            b(2),
+            c.kv_model_dim,
+            c.kv_heads * c.head_dim_v,
+        )?;
         let shape = Shape::new(batch, c.q_heads, c.kv_heads, q_len, kv_len, c.head_dim_qk)
             .with_head_dim_v(c.head_dim_v);
         let mut opts = options.clone();
         opts.return_lse = false;
         let problem = Problem::new(shape, be.info(x).dtype).with_options(opts);
         let o = be.forward(&problem, Inputs::new(&q, &k, &v))?;
-        be.linear(&o.out, rows_q, &w.wo, b(3), c.q_heads * c.head_dim_v, c.out_dim)
+        be.linear(
+            &o.out,
+            rows_q,
+            &w.wo,
+            b(3),
+            c.q_heads * c.head_dim_v,
+            c.out_dim,
+        )
     }
 }

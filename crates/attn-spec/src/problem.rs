@@ -216,7 +216,10 @@ impl Problem {
                 kv_heads: s.kv_heads,
             });
         }
-        if !matches!(self.dtype, DType::F32 | DType::F16 | DType::Bf16 | DType::F64) {
+        if !matches!(
+            self.dtype,
+            DType::F32 | DType::F16 | DType::Bf16 | DType::F64
+        ) {
             return Err(AttnError::DType {
                 tensor: "q",
                 expected: "f32, f16, bf16 or f64".into(),
@@ -228,7 +231,11 @@ impl Problem {
             ("q", &self.q, [s.batch, s.q_len, s.q_heads, s.head_dim_qk]),
             ("k", &self.k, [s.batch, s.kv_len, s.kv_heads, s.head_dim_qk]),
             ("v", &self.v, [s.batch, s.kv_len, s.kv_heads, s.head_dim_v]),
-            ("out", &self.out, [s.batch, s.q_len, s.q_heads, s.head_dim_v]),
+            (
+                "out",
+                &self.out,
+                [s.batch, s.q_len, s.q_heads, s.head_dim_v],
+            ),
         ];
         for (tensor, view, want) in exact {
             for a in 0..4 {

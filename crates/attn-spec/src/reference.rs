@@ -322,7 +322,12 @@ pub fn check_linear<B: Backend + ?Sized>(
     let over = |what| AttnError::Overflow { what };
     let xi = backend.info(x);
     let want = [
-        ("x", xi, rows.checked_mul(in_features).ok_or(over("rows * in_features"))?),
+        (
+            "x",
+            xi,
+            rows.checked_mul(in_features)
+                .ok_or(over("rows * in_features"))?,
+        ),
         (
             "weight",
             backend.info(w),

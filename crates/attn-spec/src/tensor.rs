@@ -51,7 +51,12 @@ impl View {
     pub fn bhsd(batch: usize, seq: usize, heads: usize, dim: usize) -> Self {
         View {
             dims: [batch, seq, heads, dim],
-            strides: [heads.wrapping_mul(seq).wrapping_mul(dim), dim, seq.wrapping_mul(dim), 1],
+            strides: [
+                heads.wrapping_mul(seq).wrapping_mul(dim),
+                dim,
+                seq.wrapping_mul(dim),
+                1,
+            ],
             offset: 0,
         }
     }
@@ -86,9 +91,9 @@ impl View {
     #[inline]
     pub fn index(&self, i: [usize; 4]) -> usize {
         let mut at = self.offset;
-        for a in 0..4 {
-            if self.dims[a] != 1 {
-                at += i[a] * self.strides[a];
+        for ((&ix, &d), &s) in i.iter().zip(&self.dims).zip(&self.strides) {
+            if d != 1 {
+                at += ix * s;
             }
         }
         at

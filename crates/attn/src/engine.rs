@@ -2,9 +2,7 @@
 //! that dispatches to one of them, so code written against
 //! [`attn_spec::Backend`] runs on the best one without generics.
 
-use attn_spec::{
-    Backend, BufferInfo, DType, HostData, Inputs, Problem, Reference, Result,
-};
+use attn_spec::{Backend, BufferInfo, DType, HostData, Inputs, Problem, Reference, Result};
 
 /// Which backend an [`Engine`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,11 @@ use attn::{Engine, EngineKind};
 fn best_engine_passes_the_suite() {
     let engine = Engine::best();
     let kinds = EngineKind::compiled();
-    assert_eq!(engine.kind(), kinds[0], "best() is the fastest compiled kind");
+    assert_eq!(
+        engine.kind(),
+        kinds[0],
+        "best() is the fastest compiled kind"
+    );
     if cfg!(feature = "cpu") {
         assert_eq!(engine.kind(), EngineKind::Cpu);
     }

@@ -52,7 +52,10 @@ mod tests {
                 // SAFETY: k holds 6 rows of `stride >= d` floats, qt holds
                 // d x ROWS floats, s holds m x ROWS floats.
                 unsafe {
-                    dispatch_m!(m, scores(k.as_ptr(), stride, qt.as_ptr(), d, s.as_mut_ptr()))
+                    dispatch_m!(
+                        m,
+                        scores(k.as_ptr(), stride, qt.as_ptr(), d, s.as_mut_ptr())
+                    )
                 };
                 for j in 0..m {
                     for r in 0..ROWS {
@@ -60,7 +63,10 @@ mod tests {
                             .map(|e| f64::from(k[j * stride + e]) * f64::from(qt[e * ROWS + r]))
                             .sum();
                         let got = f64::from(s[j * ROWS + r]);
-                        assert!((got - want).abs() <= 1e-5 * d as f64, "d={d} m={m} {got} {want}");
+                        assert!(
+                            (got - want).abs() <= 1e-5 * d as f64,
+                            "d={d} m={m} {got} {want}"
+                        );
                     }
                 }
             }
@@ -73,14 +79,22 @@ mod tests {
             let stride = 9;
             let v = fill(n * stride, 3);
             let pt = fill(n * ROWS, 4);
-            let alpha: [V; ROW_VECS] =
-                std::array::from_fn(|i| V::from(std::array::from_fn(|l| 0.5 + (i * LANES + l) as f32 / 128.0)));
+            let alpha: [V; ROW_VECS] = std::array::from_fn(|i| {
+                V::from(std::array::from_fn(|l| {
+                    0.5 + (i * LANES + l) as f32 / 128.0
+                }))
+            });
             for m in 1..=6 {
                 let ot0 = fill(m * ROWS, 5);
                 let mut ot = ot0.clone();
                 // SAFETY: v holds n rows of 9 >= m floats, pt n x ROWS,
                 // ot m x ROWS.
-                unsafe { dispatch_m!(m, pv(v.as_ptr(), stride, pt.as_ptr(), n, ot.as_mut_ptr(), &alpha)) };
+                unsafe {
+                    dispatch_m!(
+                        m,
+                        pv(v.as_ptr(), stride, pt.as_ptr(), n, ot.as_mut_ptr(), &alpha)
+                    )
+                };
                 for c in 0..m {
                     for r in 0..ROWS {
                         let a = f64::from(alpha[r / LANES].to_array()[r % LANES]);

@@ -1,0 +1,39 @@
+//! Quick throughput probe for kernel work: `cargo run -p attn-benches
+//! --release --example perf -- [threads]`. The benchmark report proper is
+//! `cargo xtask bench`.
+
+use attn::{Backend, Inputs};
+use attn_benches::machine::fma_peak_per_core;
+use attn_benches::SUITE;
+use std::time::Instant;
+
+fn main() {
+    let threads: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1);
+    let filter = std::env::args().nth(2).unwrap_or_default();
+    let peak = fma_peak_per_core() * threads as f64;
+    println!("FMA peak for {threads} thread(s): {peak:.0} GFLOP/s");
+    let cpu = attn_cpu::Cpu::with_threads(threads).unwrap();
+    for case in SUITE.iter().filter(|c| c.name.contains(&filter)) {
+        let p = case.problem();
+        let [q, k, v] = case.data();
+        let mut out = cpu.zeros(p.dtype, p.out.extent().unwrap()).unwrap();
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = Instant::now();
+            cpu.forward_into(&p, Inputs::new(&q, &k, &v), &mut out, None)
+                .unwrap();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let gf = case.flops() / best / 1e9;
+        println!(
+            "{:32} {:9.3} ms {:7.1} GFLOP/s {:5.1}% of peak",
+            case.name,
+            best * 1e3,
+            gf,
+            100.0 * gf / peak
+        );
+    }
+}

@@ -1,0 +1,89 @@
+//! The machine's roofline, measured: FMA peak (a SIMD microbenchmark with
+//! enough independent accumulators to fill both FMA pipes) and memory
+//! bandwidth (a STREAM-like triad over arrays far larger than the caches).
+//! Reports divide by these, so "percent of peak" means this machine, this
+//! build.
+
+use rayon::prelude::*;
+use std::hint::black_box;
+use std::time::Instant;
+use wide::f32x16;
+
+/// Chains of FMAs in flight: 4-cycle latency x 2 pipes needs 8; more
+/// hides any scheduling slack.
+const CHAINS: usize = 24;
+
+fn fma_loop(iters: usize) -> f64 {
+    let a = f32x16::splat(0.999_999_9);
+    let b = f32x16::splat(1e-7);
+    let mut acc = [f32x16::splat(1.0); CHAINS];
+    let t = Instant::now();
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            *x = x.mul_add(a, b);
+        }
+    }
+    black_box(&acc);
+    let secs = t.elapsed().as_secs_f64();
+    (iters * CHAINS * 16 * 2) as f64 / secs
+}
+
+/// Peak f32 FMA throughput of one core in GFLOP/s (best of several runs).
+pub fn fma_peak_per_core() -> f64 {
+    (0..7)
+        .map(|_| fma_loop(black_box(4_000_000)))
+        .fold(0.0, f64::max)
+        / 1e9
+}
+
+/// Peak f32 FMA throughput with `threads` threads in GFLOP/s (each thread
+/// runs the one-core loop; the sum of their rates).
+pub fn fma_peak(threads: usize) -> f64 {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool");
+    (0..5)
+        .map(|_| {
+            pool.install(|| {
+                (0..threads)
+                    .into_par_iter()
+                    .map(|_| fma_loop(black_box(4_000_000)))
+                    .sum::<f64>()
+            })
+        })
+        .fold(0.0, f64::max)
+        / 1e9
+}
+
+/// Memory bandwidth in GB/s: triad `a = b + s * c` over 3 x 64 MiB, counting
+/// 3 arrays of traffic per pass, best of several passes, `threads` threads.
+pub fn triad_bandwidth(threads: usize) -> f64 {
+    let n = 16 << 20;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool");
+    pool.install(|| {
+        let mut a = vec![0.0f32; n];
+        let b = vec![1.0f32; n];
+        let c = vec![2.0f32; n];
+        let chunk = n / threads.max(1) / 8;
+        let mut best = 0.0f64;
+        for _ in 0..6 {
+            let t = Instant::now();
+            a.par_chunks_mut(chunk)
+                .zip(b.par_chunks(chunk))
+                .zip(c.par_chunks(chunk))
+                .for_each(|((a, b), c)| {
+                    for i in 0..a.len() {
+                        a[i] = b[i] + 3.0 * c[i];
+                    }
+                });
+            black_box(&a);
+            let s = t.elapsed().as_secs_f64();
+            best = best.max((3 * n * 4) as f64 / s / 1e9);
+        }
+        best
+    })
+}
