@@ -13,15 +13,33 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(1);
     let filter = std::env::args().nth(2).unwrap_or_default();
-    let peak = fma_peak_per_core() * threads as f64;
+    let peak = if std::env::var_os("NO_PEAK").is_some() {
+        f64::NAN
+    } else {
+        fma_peak_per_core() * threads as f64
+    };
     println!("FMA peak for {threads} thread(s): {peak:.0} GFLOP/s");
+    if std::env::var_os("BW").is_some() {
+        println!(
+            "triad bandwidth: {:.1} GB/s",
+            attn_benches::machine::triad_bandwidth(threads)
+        );
+    }
     let cpu = attn_cpu::Cpu::with_threads(threads).unwrap();
     for case in SUITE.iter().filter(|c| c.name.contains(&filter)) {
-        let p = case.problem();
+        let p = if std::env::var_os("BHSD").is_some() {
+            case.problem().bhsd()
+        } else {
+            case.problem()
+        };
         let [q, k, v] = case.data();
         let mut out = cpu.zeros(p.dtype, p.out.extent().unwrap()).unwrap();
         let mut best = f64::MAX;
-        for _ in 0..5 {
+        for _ in 0..std::env::var("REPS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(5)
+        {
             let t = Instant::now();
             cpu.forward_into(&p, Inputs::new(&q, &k, &v), &mut out, None)
                 .unwrap();

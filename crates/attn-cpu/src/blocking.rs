@@ -1,50 +1,60 @@
 //! Every tuning constant of attn-cpu, with its hardware reason.
 //!
 //! The kernel computes the transposed score tile `S^T = K Q^T` of one block
-//! of [`ROWS`] query rows against [`KEYS`] keys at a time, with the query
-//! rows along the SIMD lanes (see `tiling.rs` for why). Sizes for a core
-//! with 32 vector registers of 16 f32 (AVX-512), a 48 KiB L1 data cache and
-//! a 1 MiB L2 (AMD Zen 5; Intel server cores have the same register file and
-//! 48 KiB / 2 MiB):
+//! of query rows against [`KEYS`] keys at a time, with the query rows along
+//! the SIMD lanes (see `tiling.rs` for why). Sizes for a core with 32
+//! vector registers of 16 f32 (AVX-512), a 32-48 KiB L1 data cache and a 1-2
+//! MiB L2 (AMD Zen 4/5, Intel server cores):
 //!
-//! - [`ROWS`] = 64 query rows = 4 vectors. Each key and each value element
-//!   is loaded once per block of 64 rows, so K and V stream from L2/L3 at
-//!   16 flops per byte at head dim 128, well under cache bandwidth.
-//! - [`KEYS`] = 128 keys per step. The score tile `S^T` is `KEYS x ROWS`
-//!   f32 = 32 KiB and the Q^T panel `d x ROWS` is 32 KiB at d = 128: the
-//!   `P V` microkernel re-reads `S^T` once per group of [`MR`] value
-//!   columns, so it must stay in L1/L2; the running output `O^T` (`d_v x
-//!   ROWS`, 32 KiB) lives in L2. A larger tile would amortise the softmax
-//!   bookkeeping over more keys but push `S^T` out of L1.
-//! - [`MR`] = 6: a microkernel keeps `MR x 4` = 24 accumulators (of 32
-//!   registers), which covers the 4-cycle FMA latency on 2 FMA pipes (8
-//!   independent chains needed) three times over, and issues 6 broadcasts +
-//!   4 loads per 24 FMAs, within 2 loads per cycle.
+//! - A block is [`ROWS`] = 64 query rows (4 vectors) when the problem has
+//!   that many rows per key/value head, so each key and value element is
+//!   loaded once per 64 rows: 16 flops per byte at head dim 128, well under
+//!   cache bandwidth. Blocks of at most 16 rows (decoding: one position
+//!   times the GQA group) use 1 vector instead, so no lanes are wasted on
+//!   rows that do not exist.
+//! - [`KEYS`] = 64 keys per step. The `P V` microkernel re-reads the
+//!   probability tile (`KEYS x 64` f32 = 16 KiB) once per group of value
+//!   columns and walks one column group down the packed value tile, so
+//!   both must stay in L1 next to each other; 128 keys (32 KiB) measured
+//!   no faster and leaves no room in a 32 KiB L1.
+//! - [`mr`]: a microkernel keeps `mr x NV` accumulators. With 4 vectors of
+//!   rows, 6 keys (24 accumulators of 32 registers) cover the FMA latency
+//!   (4 cycles x 2 pipes = 8 chains) three times over and issue 6
+//!   broadcasts + 4 loads per 24 FMAs; with 1 vector, 12 keys give 12
+//!   chains.
 //! - [`SPLIT_KEYS`] = 1024: decoding (few query rows, long K/V) splits the
 //!   keys into chunks of this many, computed in parallel and merged with
 //!   `merge_states`. It is a constant, never derived from the thread count,
 //!   so results are bitwise identical for any number of threads.
+//! - [`MIN_WORK_ITEMS`] = 16: keys are split only when a problem has fewer
+//!   row blocks than this (see `work::split_keys`): enough blocks to keep
+//!   any core count of a workstation busy otherwise.
 
 /// Width of the SIMD vector in f32 lanes.
 pub const LANES: usize = 16;
 
-/// Vectors of query rows in a block.
+/// Vectors of query rows in a full block.
 pub const ROW_VECS: usize = 4;
 
-/// Query rows in a block (lanes of [`ROW_VECS`] vectors).
+/// Query rows in a full block.
 pub const ROWS: usize = ROW_VECS * LANES;
 
 /// Keys per step of the inner loop.
 pub const KEYS: usize = 64;
 
-/// Keys (for scores) or value columns (for `P V`) per microkernel call.
-pub const MR: usize = 6;
+/// Keys (for scores) or value columns (for `P V`) per microkernel call
+/// when a block has `nv` vectors of rows.
+pub const fn mr(nv: usize) -> usize {
+    if nv == 1 {
+        12
+    } else {
+        6
+    }
+}
 
 /// Keys per chunk when the keys of one block of rows are split across
 /// threads (decoding).
 pub const SPLIT_KEYS: usize = 1024;
 
-/// Split the keys only when the problem has fewer row blocks than this per
-/// (batch, key/value head) in total... see `schedule.rs`: a pure function
-/// of the shape.
+/// Keys are split only when a problem has fewer row blocks than this.
 pub const MIN_WORK_ITEMS: usize = 16;

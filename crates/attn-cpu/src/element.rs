@@ -21,7 +21,7 @@ impl CpuElement for f32 {
         Some(s)
     }
     fn widen(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
+        crate::pack::copy_row(src, dst);
     }
     fn host(d: &HostData) -> Option<&[f32]> {
         match d {

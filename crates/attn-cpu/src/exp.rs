@@ -4,7 +4,9 @@
 //! once, when Q is packed), so the softmax needs `2^x` for `x <= 0`. Range
 //! reduction: `x = n + r` with `n = round(x)`, `r` in `[-1/2, 1/2]` (exact in
 //! f32); `2^r` is a degree-6 polynomial (Chebyshev interpolant, relative
-//! error 2.6e-9 in exact arithmetic, so f32 rounding dominates: a few ulp);
+//! error 2.6e-9 in exact arithmetic, so f32 rounding dominates: a few ulp;
+//! its constant term is exactly 1, so `2^0 = 1` exactly and a row maximum
+//! that does not move rescales nothing);
 //! `2^n` is built in the exponent bits. Inputs below -127 give 0 (results
 //! under 2^-126 flush to zero; the softmax loses nothing it could keep in
 //! f32 sums), `-inf` gives 0, NaN gives NaN. Tested against f64 below: the

@@ -1,36 +1,38 @@
 //! Moving data between the caller's strided tensors and the kernels'
 //! packed f32 panels: the query panel `Q^T` (once per block of rows), key
-//! and value rows (used in place when they are f32 with unit stride along
-//! the head dimension, otherwise widened into a scratch block), and the
-//! final write of output rows in the caller's type and layout.
+//! rows (used in place when they are f32 with unit stride along the head
+//! dimension, otherwise widened into a scratch block) and value rows
+//! (always copied into a tile whose row stride avoids cache-set aliasing).
 
-use crate::blocking::ROWS;
+use crate::blocking::LANES;
 use crate::element::CpuElement;
+use crate::simd::{load, store};
 use crate::work::Item;
 use attn_spec::View;
 
-/// Packs the block's query rows into `qt` (`d x ROWS`, row `r` of the block
-/// in lane `r`), multiplied by `scale`; rows past the block are zero.
+/// Packs the block's query rows into `qt` (`d x w`, row `r` of the block
+/// in lane `r`), multiplied by `scale`; lanes past the block are zero.
+/// `row` is scratch of at least `d` floats.
 pub fn pack_q<T: CpuElement>(
     q: &[T],
     view: &View,
     item: &Item,
-    d: usize,
+    (d, w): (usize, usize),
     scale: f32,
     qt: &mut [f32],
+    row: &mut [f32],
 ) {
     let rows = item.rows();
-    let mut row = vec![0.0f32; d];
-    for r in 0..ROWS {
+    for r in 0..w {
         if r < rows {
             let (p, h) = item.row(r);
-            gather_row(q, view, [item.b, p, h, 0], d, &mut row);
-            for (e, &x) in row.iter().enumerate() {
-                qt[e * ROWS + r] = x * scale;
+            gather_row(q, view, [item.b, p, h, 0], d, row);
+            for (e, &x) in row[..d].iter().enumerate() {
+                qt[e * w + r] = x * scale;
             }
         } else {
             for e in 0..d {
-                qt[e * ROWS + r] = 0.0;
+                qt[e * w + r] = 0.0;
             }
         }
     }
@@ -78,10 +80,35 @@ pub fn pack_rows<T: CpuElement>(
     dst: &mut [f32],
 ) -> usize {
     let s = packed_stride(d);
-    for j in 0..n {
-        gather_row(src, view, [b, j0 + j, g, 0], d, &mut dst[j * s..j * s + d]);
+    if let (Some(f), true) = (T::as_f32(src), view.strides[3] == 1 || d == 1) {
+        // f32 rows: an inline vector copy (a memcpy call per 256-512 byte
+        // row costs more than the copy itself).
+        for j in 0..n {
+            let at = view.index([b, j0 + j, g, 0]);
+            copy_row(&f[at..at + d], &mut dst[j * s..j * s + d]);
+        }
+    } else {
+        for j in 0..n {
+            gather_row(src, view, [b, j0 + j, g, 0], d, &mut dst[j * s..j * s + d]);
+        }
     }
     s
+}
+
+/// `dst.copy_from_slice(src)` with 16-lane loads and stores, inlined.
+#[inline(always)]
+pub fn copy_row(src: &[f32], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len());
+    let n = src.len();
+    let mut i = 0;
+    while i + LANES <= n {
+        // SAFETY: i + 16 <= n for both slices (equal lengths, asserted).
+        unsafe { store(dst.as_mut_ptr().add(i), load(src.as_ptr().add(i))) };
+        i += LANES;
+    }
+    for (d, s) in dst[i..].iter_mut().zip(&src[i..]) {
+        *d = *s;
+    }
 }
 
 /// Rows `j0..j0+n` of K or V for batch `b`, head `g`, as a pointer to f32
@@ -114,4 +141,40 @@ pub fn kv_rows<'a, T: CpuElement>(
         );
     }
     (&scratch[..n * d], d)
+}
+
+/// Asks the memory system for rows `j0..j0+n` (batch `b`, head `g`) of a K
+/// or V tensor, one prefetch per 64-byte line, so the next key tile arrives
+/// while the current one computes. Decoding streams K and V from DRAM in
+/// short rows (`heads * d` apart) that the hardware prefetchers do not
+/// follow; without this the kernel waits on memory latency.
+pub fn prefetch_rows<T>(
+    src: &[T],
+    view: &View,
+    (b, g): (usize, usize),
+    (j0, n): (usize, usize),
+    d: usize,
+) {
+    let bytes = d * std::mem::size_of::<T>();
+    for j in j0..j0 + n {
+        let at = view.index([b, j, g, 0]);
+        let row = src[at..].as_ptr() as *const u8;
+        let mut off = 0;
+        while off < bytes {
+            prefetch(row.wrapping_add(off));
+            off += 64;
+        }
+    }
+}
+
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it never faults and has no effect on
+    // program state, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }

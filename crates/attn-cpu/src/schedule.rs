@@ -8,8 +8,9 @@
 //! chunks of a block run in parallel into a buffer of partial states that
 //! is merged in chunk order, again independent of the thread count.
 
-use crate::blocking::ROWS;
+use crate::blocking::LANES;
 use crate::element::CpuElement;
+use crate::simd::{load, store, V};
 use crate::softmax::finish_row;
 use crate::tiling::{run_item, Ctx, Workspace};
 use crate::work::{chunks, row_blocks, split_keys, Item};
@@ -50,7 +51,7 @@ impl<T: CpuElement> Sink<T> {
     }
 
     /// Writes one output row `(b, pos, h)` and its log-sum-exp.
-    fn write_row(
+    pub fn write_row(
         &self,
         ctx: &Ctx<'_, T>,
         (b, pos, h): (usize, usize, usize),
@@ -73,6 +74,65 @@ impl<T: CpuElement> Sink<T> {
             // SAFETY: as above.
             unsafe { *self.lse.add(at) = lse };
         }
+    }
+}
+
+/// Transposes the running output `O^T` (`dv x rows`, `rows` a multiple of
+/// 16) into row-major `rows x dv` with 16 x 16 register transposes, so
+/// each output row is then contiguous.
+fn transpose_out(ot: &[f32], dv: usize, rows: usize, orow: &mut [f32]) {
+    assert!(ot.len() >= dv * rows && orow.len() >= rows * dv && rows % LANES == 0);
+    let mut c0 = 0;
+    while c0 < dv {
+        let w = LANES.min(dv - c0);
+        for r0 in (0..rows).step_by(LANES) {
+            let mut blk = [V::ZERO; LANES];
+            for (c, b) in blk.iter_mut().enumerate().take(w) {
+                // SAFETY: c0 + c < dv and r0 + 16 <= rows: inside ot
+                // (asserted above).
+                *b = unsafe { load(ot.as_ptr().add((c0 + c) * rows + r0)) };
+            }
+            let t = V::transpose(blk);
+            for (r, row) in t.iter().enumerate() {
+                let at = (r0 + r) * dv + c0;
+                if w == LANES {
+                    // SAFETY: at + 16 <= (r0 + r + 1) * dv <= rows * dv,
+                    // inside orow (asserted above).
+                    unsafe { store(orow.as_mut_ptr().add(at), *row) };
+                } else {
+                    orow[at..at + w].copy_from_slice(&row.as_array()[..w]);
+                }
+            }
+        }
+        c0 += w;
+    }
+}
+
+/// Runs one item with the narrowest block that holds its rows, leaves its
+/// unnormalised rows in `ws.orow` (row-major) and returns each row's
+/// `(factor, lse)` (see `OnlineSoftmax::finish`).
+fn run_block<T: CpuElement>(
+    ctx: &Ctx<'_, T>,
+    it: &Item,
+    ws: &mut Workspace,
+    sinks: Option<&[f32]>,
+) -> Vec<(f32, f32)> {
+    fn go<T: CpuElement, const NV: usize>(
+        ctx: &Ctx<'_, T>,
+        it: &Item,
+        ws: &mut Workspace,
+        sinks: Option<&[f32]>,
+    ) -> Vec<(f32, f32)> {
+        let sm = run_item::<T, NV>(ctx, it, ws);
+        transpose_out(&ws.ot, ctx.p.shape.head_dim_v, NV * LANES, &mut ws.orow);
+        (0..it.rows())
+            .map(|r| sm.finish(r, sinks.map(|v| v[it.row(r).1])))
+            .collect()
+    }
+    if it.rows() <= LANES {
+        go::<T, 1>(ctx, it, ws, sinks)
+    } else {
+        go::<T, { crate::blocking::ROW_VECS }>(ctx, it, ws, sinks)
     }
 }
 
@@ -105,12 +165,11 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>) {
         blocks.par_iter().for_each_init(
             || Workspace::new(dk, dv),
             |ws, it| {
-                let sm = run_item(ctx, it, ws);
-                for r in 0..it.rows() {
+                let finish = run_block(ctx, it, ws, sinks);
+                for (r, &(f, lse)) in finish.iter().enumerate() {
                     let (pos, h) = it.row(r);
-                    let (f, lse) = sm.finish(r, sinks.map(|v| v[h]));
-                    let ot = &ws.ot;
-                    sink.write_row(ctx, (it.b, pos, h), |c| ot[c * ROWS + r] * f, lse);
+                    let row = &ws.orow[r * dv..(r + 1) * dv];
+                    sink.write_row(ctx, (it.b, pos, h), |c| row[c] * f, lse);
                 }
             },
         );
@@ -133,15 +192,12 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>) {
         .map_init(
             || Workspace::new(dk, dv),
             |ws, (_, it)| {
-                let sm = run_item(ctx, it, ws);
-                let mut o = vec![0.0f32; it.rows() * dv];
+                let finish = run_block(ctx, it, ws, None);
+                let mut o = ws.orow[..it.rows() * dv].to_vec();
                 let mut l = vec![0.0f32; it.rows()];
-                for r in 0..it.rows() {
-                    let (f, lse) = sm.finish(r, None);
+                for (r, &(f, lse)) in finish.iter().enumerate() {
                     l[r] = lse;
-                    for c in 0..dv {
-                        o[r * dv + c] = ws.ot[c * ROWS + r] * f;
-                    }
+                    o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= f);
                 }
                 (o, l)
             },

@@ -9,37 +9,38 @@
 //! `m = -inf`; it is shifted by 0 instead so that no `-inf - -inf` = NaN
 //! appears, and its probabilities are exactly 0.
 
-use crate::blocking::{LANES, ROWS, ROW_VECS};
+use crate::blocking::LANES;
 use crate::exp::exp2;
 use crate::simd::{load, store, V};
 
-/// Running maximum and sum of a block of rows.
+/// Running maximum and sum of a block of `NV * 16` rows.
 #[derive(Clone, Debug)]
-pub struct OnlineSoftmax {
+pub struct OnlineSoftmax<const NV: usize> {
     /// Running maximum per row (base-2 units), `-inf` before any key.
-    pub m: [V; ROW_VECS],
+    pub m: [V; NV],
     /// Running sum of `2^(s - m)` per row.
-    pub l: [V; ROW_VECS],
+    pub l: [V; NV],
 }
 
-impl OnlineSoftmax {
+impl<const NV: usize> OnlineSoftmax<NV> {
     /// The state before any key.
     pub fn new() -> Self {
         OnlineSoftmax {
-            m: [V::splat(f32::NEG_INFINITY); ROW_VECS],
-            l: [V::ZERO; ROW_VECS],
+            m: [V::splat(f32::NEG_INFINITY); NV],
+            l: [V::ZERO; NV],
         }
     }
 
-    /// Folds the score tile `st` (`n x ROWS`) into the state, replaces it by
+    /// Folds the score tile `st` (`n x NV*16`) into the state, replaces it by
     /// the probabilities `2^(s - m')`, and returns the rescale factors
     /// `alpha` for the running output.
     #[allow(clippy::needless_range_loop)] // `v` indexes m, l, alpha and the tile
-    pub fn update(&mut self, st: &mut [f32], n: usize) -> [V; ROW_VECS] {
-        assert!(st.len() >= n * ROWS);
-        let mut alpha = [V::ONE; ROW_VECS];
-        for v in 0..ROW_VECS {
-            let col = |j: usize| j * ROWS + v * LANES;
+    pub fn update(&mut self, st: &mut [f32], n: usize) -> [V; NV] {
+        let w = NV * LANES;
+        assert!(st.len() >= n * w);
+        let mut alpha = [V::ONE; NV];
+        for v in 0..NV {
+            let col = |j: usize| j * w + v * LANES;
             let mut mx = self.m[v];
             for j in 0..n {
                 // SAFETY: j < n and the assert above: 16 floats at col(j).
@@ -74,7 +75,7 @@ impl OnlineSoftmax {
     }
 }
 
-impl Default for OnlineSoftmax {
+impl<const NV: usize> Default for OnlineSoftmax<NV> {
     fn default() -> Self {
         Self::new()
     }
@@ -113,6 +114,8 @@ pub fn finish_row(m: f32, l: f32, sink: Option<f32>) -> (f32, f32) {
 mod tests {
     use super::*;
 
+    const ROWS: usize = 64;
+
     #[test]
     fn two_tiles_equal_one_softmax() {
         let mut st = vec![0.0f32; 3 * ROWS];
@@ -121,7 +124,7 @@ mod tests {
                 st[j * ROWS + r] = (j as f32 - 1.0) * (r as f32 / 32.0);
             }
         }
-        let mut a = OnlineSoftmax::new();
+        let mut a = OnlineSoftmax::<4>::new();
         let mut t1 = st[..ROWS].to_vec();
         let mut t2 = st[ROWS..].to_vec();
         a.update(&mut t1, 1);
@@ -139,7 +142,7 @@ mod tests {
 
     #[test]
     fn masked_rows_finish_to_zero_and_minus_infinity() {
-        let mut s = OnlineSoftmax::new();
+        let mut s = OnlineSoftmax::<4>::new();
         let mut st = vec![f32::NEG_INFINITY; 2 * ROWS];
         let alpha = s.update(&mut st, 2);
         assert!(st.iter().all(|&p| p == 0.0));

@@ -17,10 +17,10 @@
 //! tiles, or problems with per-element terms (softcap, ALiBi, bias, boolean
 //! mask), go through [`transform`].
 
-use crate::blocking::{KEYS, LANES, MR, ROWS, ROW_VECS};
+use crate::blocking::{mr, KEYS, LANES, ROWS};
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, scores};
-use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride};
+use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows};
 use crate::simd::{load, store, V};
 use crate::softmax::OnlineSoftmax;
 use crate::work::Item;
@@ -76,8 +76,12 @@ pub struct Workspace {
     pub ot: Vec<f32>,
     /// Widened keys when K is not f32 with unit stride.
     pub kbuf: Vec<f32>,
-    /// Widened values when V is not f32 with unit stride.
+    /// Packed value tile (rows `packed_stride(dv)` apart).
     pub vbuf: Vec<f32>,
+    /// The finished block in row-major order, `ROWS x dv`.
+    pub orow: Vec<f32>,
+    /// One widened query row.
+    pub qrow: Vec<f32>,
 }
 
 impl Workspace {
@@ -89,22 +93,39 @@ impl Workspace {
             ot: vec![0.0; dv * ROWS],
             kbuf: vec![0.0; KEYS * dk],
             vbuf: vec![0.0; KEYS * packed_stride(dv)],
+            orow: vec![0.0; ROWS * dv],
+            qrow: vec![0.0; dk],
         }
     }
 }
 
-/// Runs one item: leaves the unnormalised output in `ws.ot` and returns the
+/// Runs one item on blocks of `NV * 16` lanes (`item.rows() <= NV * 16`):
+/// leaves the unnormalised output in `ws.ot` (`dv x NV*16`) and returns the
 /// softmax state.
-pub fn run_item<T: CpuElement>(ctx: &Ctx<'_, T>, item: &Item, ws: &mut Workspace) -> OnlineSoftmax {
+pub fn run_item<T: CpuElement, const NV: usize>(
+    ctx: &Ctx<'_, T>,
+    item: &Item,
+    ws: &mut Workspace,
+) -> OnlineSoftmax<NV> {
     let p = ctx.p;
     let dk = p.shape.head_dim_qk;
-    pack_q(ctx.q, &p.q, item, dk, ctx.q_scale(), &mut ws.qt);
+    let w = NV * LANES;
+    assert!(item.rows() <= w);
+    pack_q(
+        ctx.q,
+        &p.q,
+        item,
+        (dk, w),
+        ctx.q_scale(),
+        &mut ws.qt,
+        &mut ws.qrow,
+    );
     ws.ot.fill(0.0);
-    let mut sm = OnlineSoftmax::new();
+    let mut sm = OnlineSoftmax::<NV>::new();
     let mask = p.seq_mask(item.b);
     let span = mask.kv_span(item.positions());
     let (lo, hi) = (span.start.max(item.keys.start), span.end.min(item.keys.end));
-    let rows = RowInfo::new(ctx, item, &mask);
+    let rows = RowInfo::<NV>::new(ctx, item, &mask);
     let per_element = ctx.per_element();
     let mut j0 = lo;
     while j0 < hi {
@@ -127,38 +148,37 @@ pub fn run_item<T: CpuElement>(ctx: &Ctx<'_, T>, item: &Item, ws: &mut Workspace
 }
 
 /// One key tile: scores, transforms, softmax, `P V`.
-fn step<T: CpuElement>(
+fn step<T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     ws: &mut Workspace,
-    sm: &mut OnlineSoftmax,
+    sm: &mut OnlineSoftmax<NV>,
     (j0, n): (usize, usize),
-    rows: &RowInfo,
+    rows: &RowInfo<NV>,
     masked: bool,
 ) {
     let p = ctx.p;
+    let w = NV * LANES;
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
     let g = (item.b, item.kvh);
+    let next = (
+        j0 + n,
+        n.min(item.keys.end.saturating_sub(j0 + n))
+            .min(p.shape.kv_len - (j0 + n).min(p.shape.kv_len)),
+    );
+    if next.1 > 0 {
+        prefetch_rows(ctx.k, &p.k, g, next, dk);
+        prefetch_rows(ctx.v, &p.v, g, next, dv);
+    }
     let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
+    assert!(k.len() >= (n - 1) * ks + dk && ws.qt.len() >= dk * w && ws.st.len() >= n * w);
     let mut j = 0;
     while j < n {
-        let m = MR.min(n - j);
-        debug_assert!(k.len() >= (j + m - 1) * ks + dk);
-        // SAFETY: kv_rows returned n rows of dk floats, ks apart, in `k`
-        // (checked above in debug builds); qt is dk x ROWS; st is KEYS x
-        // ROWS and j + m <= n <= KEYS.
-        unsafe {
-            dispatch_m!(
-                m,
-                scores(
-                    k.as_ptr().add(j * ks),
-                    ks,
-                    ws.qt.as_ptr(),
-                    dk,
-                    ws.st.as_mut_ptr().add(j * ROWS)
-                )
-            )
-        };
+        let m = mr(NV).min(n - j);
+        let (kp, sp) = (k[j * ks..].as_ptr(), ws.st[j * w..].as_mut_ptr());
+        // SAFETY: `k` holds n rows of dk floats, ks apart; qt is dk x w; st
+        // has n x w floats and j + m <= n (all asserted above).
+        unsafe { dispatch_m!(NV, m, scores(kp, ks, ws.qt.as_ptr(), dk, sp)) };
         j += m;
     }
     if masked {
@@ -167,47 +187,36 @@ fn step<T: CpuElement>(
     let alpha = sm.update(&mut ws.st, n);
     let vs = pack_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
     let v = &ws.vbuf[..];
+    assert!(v.len() >= (n - 1) * vs + dv && ws.ot.len() >= dv * w);
     let mut c = 0;
     while c < dv {
-        let m = MR.min(dv - c);
-        debug_assert!(v.len() >= (n - 1) * vs + dv);
+        let m = mr(NV).min(dv - c);
+        let (vp, op) = (v[c..].as_ptr(), ws.ot[c * w..].as_mut_ptr());
         // SAFETY: v holds n rows of dv floats, vs apart, and c + m <= dv;
-        // st holds n x ROWS probabilities; ot is dv x ROWS.
-        unsafe {
-            dispatch_m!(
-                m,
-                pv(
-                    v.as_ptr().add(c),
-                    vs,
-                    ws.st.as_ptr(),
-                    n,
-                    ws.ot.as_mut_ptr().add(c * ROWS),
-                    &alpha
-                )
-            )
-        };
+        // st holds n x w probabilities; ot is dv x w (asserted above).
+        unsafe { dispatch_m!(NV, m, pv(vp, vs, ws.st.as_ptr(), n, op, &alpha)) };
         c += m;
     }
 }
 
 /// Per-row facts of a block, as vectors over the lanes.
-pub struct RowInfo {
+pub struct RowInfo<const NV: usize> {
     /// First visible key of each row (`0` for rows past the block).
-    lo: [i32x16; ROW_VECS],
+    lo: [i32x16; NV],
     /// One past the last visible key (`0` for rows past the block).
-    hi: [i32x16; ROW_VECS],
+    hi: [i32x16; NV],
     /// The diagonal key of each row, as f32 (for ALiBi).
-    diag: [V; ROW_VECS],
+    diag: [V; NV],
     /// ALiBi slope of each row's head times log2(e).
-    slope: [V; ROW_VECS],
+    slope: [V; NV],
 }
 
-impl RowInfo {
+impl<const NV: usize> RowInfo<NV> {
     fn new<T>(ctx: &Ctx<'_, T>, item: &Item, mask: &SeqMask) -> Self {
-        let mut lo = [[0i32; LANES]; ROW_VECS];
-        let mut hi = [[0i32; LANES]; ROW_VECS];
-        let mut diag = [[0f32; LANES]; ROW_VECS];
-        let mut slope = [[0f32; LANES]; ROW_VECS];
+        let mut lo = [[0i32; LANES]; NV];
+        let mut hi = [[0i32; LANES]; NV];
+        let mut diag = [[0f32; LANES]; NV];
+        let mut slope = [[0f32; LANES]; NV];
         for r in 0..item.rows() {
             let (pos, h) = item.row(r);
             let range = mask.kv_range(pos);
@@ -229,26 +238,27 @@ impl RowInfo {
 }
 
 /// Applies, in the contract's order, soft-capping, ALiBi, bias and masks to
-/// the score tile (`n x ROWS`, keys `j0..j0+n`), leaving base-2 scores with
-/// `-inf` where a pair is excluded.
-fn transform<T>(
+/// the score tile (`n x NV*16`, keys `j0..j0+n`), leaving base-2 scores
+/// with `-inf` where a pair is excluded.
+fn transform<T, const NV: usize>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     st: &mut [f32],
     (j0, n): (usize, usize),
-    rows: &RowInfo,
+    rows: &RowInfo<NV>,
 ) {
     let o = &ctx.p.options;
+    let w = NV * LANES;
     let ninf = V::splat(f32::NEG_INFINITY);
     let cap = o.softcap;
     let alibi = o.alibi_slopes.is_some();
-    assert!(st.len() >= n * ROWS);
+    assert!(st.len() >= n * w);
     for j in 0..n {
         let jg = j0 + j;
         let jv = i32x16::splat(jg as i32);
         let jf = V::splat(jg as f32);
-        for v in 0..ROW_VECS {
-            let at = j * ROWS + v * LANES;
+        for v in 0..NV {
+            let at = j * w + v * LANES;
             // SAFETY: j < n and the assert above: 16 floats at `at`.
             let mut t = unsafe { load(st.as_ptr().add(at)) };
             if let Some(c) = cap {
@@ -272,7 +282,7 @@ fn transform<T>(
         let (pos, h) = item.row(r);
         for j in 0..n {
             let jg = j0 + j;
-            let at = j * ROWS + r;
+            let at = j * w + r;
             if let Some((b, view)) = &ctx.bias {
                 st[at] += (b.get(view.index([item.b, h, pos, jg])) as f32) * LOG2_E;
             }

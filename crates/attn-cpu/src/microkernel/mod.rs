@@ -3,7 +3,7 @@
 //! (see `tiling.rs`); each kernel keeps an `M x ROW_VECS` tile of
 //! accumulators in registers and streams one operand from memory.
 //!
-//! Contract (both kernels): `M <= MR`; every pointer is valid for the
+//! Contract (both kernels): `M <= mr(NV)`; every pointer is valid for the
 //! extents stated on the function; nothing is aligned; results are written
 //! with plain stores. Tested against scalar loops below.
 
@@ -13,17 +13,23 @@ mod scores;
 pub use pv::pv;
 pub use scores::scores;
 
-/// Calls `$kernel::<m>` for a runtime `m` in `1..=MR` (the tail of a loop
-/// over keys or value columns).
+/// Calls `$kernel::<m, NV>` for a runtime `m` in `1..=mr(NV)` (the tail
+/// of a loop over keys or value columns).
 macro_rules! dispatch_m {
-    ($m:expr, $kernel:ident ( $($arg:expr),* )) => {
+    ($nv:ident, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
         match $m {
-            1 => $kernel::<1>($($arg),*),
-            2 => $kernel::<2>($($arg),*),
-            3 => $kernel::<3>($($arg),*),
-            4 => $kernel::<4>($($arg),*),
-            5 => $kernel::<5>($($arg),*),
-            _ => $kernel::<6>($($arg),*),
+            1 => $kernel::<1, $nv>($($arg),*),
+            2 => $kernel::<2, $nv>($($arg),*),
+            3 => $kernel::<3, $nv>($($arg),*),
+            4 => $kernel::<4, $nv>($($arg),*),
+            5 => $kernel::<5, $nv>($($arg),*),
+            6 => $kernel::<6, $nv>($($arg),*),
+            7 => $kernel::<7, $nv>($($arg),*),
+            8 => $kernel::<8, $nv>($($arg),*),
+            9 => $kernel::<9, $nv>($($arg),*),
+            10 => $kernel::<10, $nv>($($arg),*),
+            11 => $kernel::<11, $nv>($($arg),*),
+            _ => $kernel::<12, $nv>($($arg),*),
         }
     };
 }
@@ -32,7 +38,7 @@ pub(crate) use dispatch_m;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blocking::{LANES, ROWS, ROW_VECS};
+    use crate::blocking::{mr, LANES};
     use crate::simd::V;
 
     fn fill(n: usize, seed: u32) -> Vec<f32> {
@@ -41,28 +47,29 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn scores_match_scalar_dot_products() {
+    fn scores_nv<const NV: usize>() {
+        let rows = NV * LANES;
         for d in [1usize, 3, 16, 67] {
             let stride = d + 5;
-            let k = fill(6 * stride, 1);
-            let qt = fill(d * ROWS, 2);
-            for m in 1..=6 {
-                let mut s = vec![f32::NAN; m * ROWS];
-                // SAFETY: k holds 6 rows of `stride >= d` floats, qt holds
-                // d x ROWS floats, s holds m x ROWS floats.
+            let k = fill(mr(NV) * stride, 1);
+            let qt = fill(d * rows, 2);
+            for m in 1..=mr(NV) {
+                let mut s = vec![f32::NAN; m * rows];
+                // SAFETY: k holds mr(NV) rows of `stride >= d` floats, qt
+                // holds d x rows floats, s holds m x rows floats.
                 unsafe {
                     dispatch_m!(
+                        NV,
                         m,
                         scores(k.as_ptr(), stride, qt.as_ptr(), d, s.as_mut_ptr())
                     )
                 };
                 for j in 0..m {
-                    for r in 0..ROWS {
+                    for r in 0..rows {
                         let want: f64 = (0..d)
-                            .map(|e| f64::from(k[j * stride + e]) * f64::from(qt[e * ROWS + r]))
+                            .map(|e| f64::from(k[j * stride + e]) * f64::from(qt[e * rows + r]))
                             .sum();
-                        let got = f64::from(s[j * ROWS + r]);
+                        let got = f64::from(s[j * rows + r]);
                         assert!(
                             (got - want).abs() <= 1e-5 * d as f64,
                             "d={d} m={m} {got} {want}"
@@ -74,39 +81,52 @@ mod tests {
     }
 
     #[test]
-    fn pv_matches_scalar_accumulation() {
+    fn scores_match_scalar_dot_products() {
+        scores_nv::<1>();
+        scores_nv::<4>();
+    }
+
+    fn pv_nv<const NV: usize>() {
+        let rows = NV * LANES;
         for n in [1usize, 2, 7, 128] {
-            let stride = 9;
+            let stride = 13;
             let v = fill(n * stride, 3);
-            let pt = fill(n * ROWS, 4);
-            let alpha: [V; ROW_VECS] = std::array::from_fn(|i| {
+            let pt = fill(n * rows, 4);
+            let alpha: [V; NV] = std::array::from_fn(|i| {
                 V::from(std::array::from_fn(|l| {
                     0.5 + (i * LANES + l) as f32 / 128.0
                 }))
             });
-            for m in 1..=6 {
-                let ot0 = fill(m * ROWS, 5);
+            for m in 1..=mr(NV) {
+                let ot0 = fill(m * rows, 5);
                 let mut ot = ot0.clone();
-                // SAFETY: v holds n rows of 9 >= m floats, pt n x ROWS,
-                // ot m x ROWS.
+                // SAFETY: v holds n rows of 13 >= m floats, pt n x rows,
+                // ot m x rows.
                 unsafe {
                     dispatch_m!(
+                        NV,
                         m,
                         pv(v.as_ptr(), stride, pt.as_ptr(), n, ot.as_mut_ptr(), &alpha)
                     )
                 };
                 for c in 0..m {
-                    for r in 0..ROWS {
+                    for r in 0..rows {
                         let a = f64::from(alpha[r / LANES].to_array()[r % LANES]);
-                        let want = a * f64::from(ot0[c * ROWS + r])
+                        let want = a * f64::from(ot0[c * rows + r])
                             + (0..n)
-                                .map(|j| f64::from(v[j * stride + c]) * f64::from(pt[j * ROWS + r]))
+                                .map(|j| f64::from(v[j * stride + c]) * f64::from(pt[j * rows + r]))
                                 .sum::<f64>();
-                        let got = f64::from(ot[c * ROWS + r]);
+                        let got = f64::from(ot[c * rows + r]);
                         assert!((got - want).abs() <= 1e-5 * n as f64, "n={n} m={m}");
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn pv_matches_scalar_accumulation() {
+        pv_nv::<1>();
+        pv_nv::<4>();
     }
 }
