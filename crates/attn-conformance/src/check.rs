@@ -100,6 +100,19 @@ pub fn compare(
                     }
                     continue;
                 }
+                if want.iter().any(|x| x.is_nan()) {
+                    // NaN in the inputs this row touches: NaN must propagate.
+                    let same = g.iter().zip(&want).all(|(a, w)| a.is_nan() == w.is_nan());
+                    let lse_ok = got.lse.is_empty() || got.lse[r].is_nan() == ref64.lse[r].is_nan();
+                    if !(same && lse_ok) {
+                        return Err(format!(
+                            "{}: NaN must propagate: got {:?}",
+                            where_(),
+                            &g[..g.len().min(4)]
+                        ));
+                    }
+                    continue;
+                }
                 let err = |x: &[f64]| {
                     x.iter()
                         .zip(&want)

@@ -107,10 +107,11 @@ fn forward_typed<T: CpuElement>(
         bias: inputs.bias.zip(p.bias.map(|d| d.view)),
         mask,
     };
+    let got = out.dtype();
     let out = T::host_mut(out).ok_or(AttnError::DType {
         tensor: "out",
         expected: T::DTYPE.to_string(),
-        got: DType::F32,
+        got,
     })?;
     let lse = match lse {
         Some(HostData::F32(l)) => Some(l.as_mut_slice()),

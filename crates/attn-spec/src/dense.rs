@@ -62,7 +62,13 @@ pub fn attend_dense(p: &Problem, inp: Inputs<'_, HostData>) -> RefResult {
             }
             for i in 0..sq {
                 let row = &sc[i * (sk + 1)..(i + 1) * (sk + 1)];
-                let mx = row.iter().copied().fold(ninf, f64::max);
+                let mx = row.iter().copied().fold(ninf, |m, x| {
+                    if m.is_nan() || x.is_nan() {
+                        f64::NAN
+                    } else {
+                        m.max(x)
+                    }
+                });
                 if mx == ninf {
                     continue;
                 }

@@ -167,9 +167,14 @@ fn attend_in<T: Real>(
                     scores.push((j, x));
                 }
                 // Steps 6-7: softmax with the sink in the denominator.
+                // NaN-propagating maximum: a NaN score or sink makes the row NaN.
                 let mut mx = sink.unwrap_or(T::of(f64::NEG_INFINITY));
                 for &(_, x) in &scores {
-                    mx = mx.max(x);
+                    mx = if x.f64().is_nan() || mx.f64().is_nan() {
+                        T::of(f64::NAN)
+                    } else {
+                        mx.max(x)
+                    };
                 }
                 if mx.f64() == f64::NEG_INFINITY {
                     continue; // nothing visible, no sink: output 0, lse -inf
