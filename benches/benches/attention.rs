@@ -1,50 +1,76 @@
 //! Criterion benchmarks: every backend compiled into `attn` over the shape
-//! table of `attn_benches::SUITE` (the reference on the small shapes only).
-//! Throughput is reported by `cargo xtask bench` from these timings and the
-//! exact FLOP count of each case's visible pairs.
+//! table `attn_benches::SUITE` (the f64 reference on the small shapes only),
+//! for each thread count. `cargo xtask bench` runs this binary, reads the
+//! estimates criterion writes under `target/criterion/<id>/`, and turns them
+//! into GFLOP/s against the measured peak; the selection comes from the
+//! environment (`attn_benches::BenchEnv`).
 
 // criterion_group!/criterion_main! generate undocumented items.
 #![allow(missing_docs)]
 
 use attn::{Backend, Engine, EngineKind, Inputs};
-use attn_benches::SUITE;
+use attn_benches::{bench_id, BenchEnv, SUITE};
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
+use std::time::Duration;
+
+fn engine(kind: EngineKind, threads: usize) -> Option<Engine> {
+    match kind {
+        EngineKind::Cpu => attn_cpu::Cpu::with_threads(threads).ok().map(Engine::Cpu),
+        // The reference is single-threaded: time it once, as t1.
+        EngineKind::Reference => (threads == 1).then(|| Engine::of(kind).ok()).flatten(),
+    }
+}
 
 fn attention(c: &mut Criterion) {
+    let env = BenchEnv::from_env();
     for kind in EngineKind::compiled() {
-        let Ok(engine) = Engine::of(kind) else {
-            continue;
-        };
-        for case in SUITE {
-            if kind == EngineKind::Reference && !case.small {
+        for &threads in &env.threads {
+            let Some(engine) = engine(kind, threads) else {
+                continue;
+            };
+            if !env.wants_backend(&engine.name()) {
                 continue;
             }
-            let problem = case.problem();
-            let [q, k, v] = case.data();
-            let (q, k, v) = (
-                engine.upload(&q).unwrap(),
-                engine.upload(&k).unwrap(),
-                engine.upload(&v).unwrap(),
-            );
-            let mut out = engine
-                .zeros(problem.dtype, problem.out.extent().unwrap())
-                .unwrap();
-            let id = format!("{}/{}", engine.name(), case.name);
-            c.bench_function(&id, |b| {
-                b.iter(|| {
-                    engine
-                        .forward_into(black_box(&problem), Inputs::new(&q, &k, &v), &mut out, None)
-                        .unwrap()
-                })
-            });
+            for case in SUITE.iter().filter(|c| env.wants_case(c)) {
+                if kind == EngineKind::Reference && !case.small {
+                    continue;
+                }
+                let problem = case.problem();
+                let [q, k, v] = case.data();
+                let up = |d| engine.upload(d).expect("upload");
+                let (q, k, v) = (up(&q), up(&k), up(&v));
+                let mut out = engine
+                    .zeros(problem.dtype, problem.out.extent().expect("valid"))
+                    .expect("alloc");
+                c.bench_function(&bench_id(&engine.name(), case, threads), |b| {
+                    b.iter(|| {
+                        engine
+                            .forward_into(
+                                black_box(&problem),
+                                Inputs::new(&q, &k, &v),
+                                &mut out,
+                                None,
+                            )
+                            .expect("forward")
+                    })
+                });
+            }
         }
     }
 }
 
+fn config() -> Criterion {
+    let secs = BenchEnv::from_env().measure_secs;
+    Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs_f64((secs / 4.0).max(0.1)))
+        .measurement_time(Duration::from_secs_f64(secs))
+}
+
 criterion_group! {
     name = benches;
-    config = Criterion::default().sample_size(10).warm_up_time(std::time::Duration::from_millis(500));
+    config = config();
     targets = attention
 }
 criterion_main!(benches);

@@ -29,6 +29,8 @@ pub struct BenchCase {
     pub dtype: DType,
     /// Small enough for the f64 reference to be timed.
     pub small: bool,
+    /// Part of the `--quick` subset.
+    pub quick: bool,
 }
 
 const fn case(
@@ -38,6 +40,7 @@ const fn case(
     mask: MaskKind,
     dtype: DType,
     small: bool,
+    quick: bool,
 ) -> BenchCase {
     BenchCase {
         name,
@@ -50,23 +53,40 @@ const fn case(
         mask,
         dtype,
         small,
+        quick,
     }
 }
 
 const NONE: MaskKind = MaskKind::None;
 const CAUSAL: MaskKind = MaskKind::Causal;
+const SLIDING: MaskKind = MaskKind::Window {
+    left: Some(1023),
+    right: Some(0),
+};
 const F32: DType = DType::F32;
+const F16: DType = DType::F16;
+const BF16: DType = DType::Bf16;
 
-/// The suite: (batch, q heads, kv heads), (q_len, kv_len, head dim), mask,
-/// dtype, small.
+/// The standard suite, one row per case: name, (batch, q heads, kv heads),
+/// (q_len, kv_len, head dim), mask, dtype, small (the f64 reference is timed
+/// and used as the check only on small cases), quick (part of `--quick`).
 pub const SUITE: &[BenchCase] = &[
-    case("tiny/s64-d32", (1, 2, 2), (64, 64, 32), NONE, F32, true),
+    case(
+        "tiny/s64-d32",
+        (1, 2, 2),
+        (64, 64, 32),
+        NONE,
+        F32,
+        true,
+        true,
+    ),
     case(
         "tiny/s128-d64-causal",
         (1, 2, 2),
         (128, 128, 64),
         CAUSAL,
         F32,
+        true,
         true,
     ),
     case(
@@ -76,6 +96,7 @@ pub const SUITE: &[BenchCase] = &[
         NONE,
         F32,
         false,
+        true,
     ),
     case(
         "prefill/s512-d64-causal",
@@ -83,6 +104,7 @@ pub const SUITE: &[BenchCase] = &[
         (512, 512, 64),
         CAUSAL,
         F32,
+        false,
         false,
     ),
     case(
@@ -92,6 +114,34 @@ pub const SUITE: &[BenchCase] = &[
         NONE,
         F32,
         false,
+        false,
+    ),
+    case(
+        "prefill/s512-d128-causal",
+        (1, 8, 8),
+        (512, 512, 128),
+        CAUSAL,
+        F32,
+        false,
+        false,
+    ),
+    case(
+        "prefill/s2048-d64-causal",
+        (1, 8, 8),
+        (2048, 2048, 64),
+        CAUSAL,
+        F32,
+        false,
+        false,
+    ),
+    case(
+        "prefill/s2048-d128",
+        (1, 8, 8),
+        (2048, 2048, 128),
+        NONE,
+        F32,
+        false,
+        false,
     ),
     case(
         "prefill/s2048-d128-causal",
@@ -100,13 +150,51 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         false,
+        true,
     ),
     case(
-        "decode/gqa32:8-kv4096-d128",
-        (1, 32, 8),
-        (1, 4096, 128),
+        "prefill/s8192-d128-causal",
+        (1, 8, 8),
+        (8192, 8192, 128),
+        CAUSAL,
+        F32,
+        false,
+        false,
+    ),
+    case(
+        "prefill/s2048-d128-causal-f16",
+        (1, 8, 8),
+        (2048, 2048, 128),
+        CAUSAL,
+        F16,
+        false,
+        false,
+    ),
+    case(
+        "prefill/s2048-d128-causal-bf16",
+        (1, 8, 8),
+        (2048, 2048, 128),
+        CAUSAL,
+        BF16,
+        false,
+        false,
+    ),
+    case(
+        "sliding/s4096-w1024-d128",
+        (1, 8, 8),
+        (4096, 4096, 128),
+        SLIDING,
+        F32,
+        false,
+        false,
+    ),
+    case(
+        "cross/q256-kv1500-d64",
+        (2, 8, 8),
+        (256, 1500, 64),
         NONE,
         F32,
+        false,
         false,
     ),
     case(
@@ -116,8 +204,57 @@ pub const SUITE: &[BenchCase] = &[
         NONE,
         F32,
         false,
+        false,
+    ),
+    case(
+        "decode/gqa32:8-kv4096-d128",
+        (1, 32, 8),
+        (1, 4096, 128),
+        CAUSAL,
+        F32,
+        false,
+        true,
+    ),
+    case(
+        "decode/gqa32:8-kv16384-d128",
+        (1, 32, 8),
+        (1, 16384, 128),
+        CAUSAL,
+        F32,
+        false,
+        false,
+    ),
+    case(
+        "decode/gqa32:8-kv32768-d128",
+        (1, 32, 8),
+        (1, 32768, 128),
+        CAUSAL,
+        F32,
+        false,
+        false,
+    ),
+    case(
+        "decode/gqa32:8-kv32768-d128-bf16",
+        (1, 32, 8),
+        (1, 32768, 128),
+        CAUSAL,
+        BF16,
+        false,
+        false,
     ),
 ];
+
+/// The long-context memory case: its peak resident memory is measured (in
+/// a process of its own) against the bytes of its inputs and outputs.
+pub const MEMORY_CASE: BenchCase = case(
+    "memory/s32768-d128-causal",
+    (1, 8, 8),
+    (32768, 32768, 128),
+    CAUSAL,
+    F32,
+    false,
+    false,
+);
 
 impl BenchCase {
     /// The problem of this case (contiguous BSHD, default scale).
@@ -133,7 +270,8 @@ impl BenchCase {
         Problem::new(shape, self.dtype).with_options(AttnOptions::default().mask(self.mask))
     }
 
-    /// Deterministic Q, K, V data (uniform in [-1, 1]).
+    /// Deterministic Q, K, V data (uniform in [-1, 1]), generated straight
+    /// into the case's element type (no wider temporary).
     pub fn data(&self) -> [HostData; 3] {
         let p = self.problem();
         let mut state = 0x2545_F491_4F6C_DD1Du64;
@@ -144,8 +282,11 @@ impl BenchCase {
             (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
         };
         let mut t = |n: usize| {
-            let v: Vec<f64> = (0..n).map(|_| next()).collect();
-            HostData::from_f64(self.dtype, &v)
+            let mut d = HostData::zeros(self.dtype, n);
+            for i in 0..n {
+                d.set(i, next());
+            }
+            d
         };
         let n = |v: &attn_spec::View| v.extent().unwrap_or(0);
         [t(n(&p.q)), t(n(&p.k)), t(n(&p.v))]
@@ -154,5 +295,90 @@ impl BenchCase {
     /// FLOPs of the visible pairs (see [`Problem::flops`]).
     pub fn flops(&self) -> f64 {
         self.problem().flops()
+    }
+
+    /// Bytes of K and V (what decoding must stream from memory).
+    pub fn kv_bytes(&self) -> f64 {
+        let p = self.problem();
+        let n = p.k.numel().unwrap_or(0) + p.v.numel().unwrap_or(0);
+        (n * self.dtype.size_bytes()) as f64
+    }
+
+    /// Bytes of Q, K, V and the output.
+    pub fn io_bytes(&self) -> f64 {
+        let p = self.problem();
+        let n = p.q.numel().unwrap_or(0) + p.out.numel().unwrap_or(0);
+        self.kv_bytes() + (n * self.dtype.size_bytes()) as f64
+    }
+
+    /// Whether this is a decoding case (reported in GB/s too).
+    pub fn is_decode(&self) -> bool {
+        self.q_len == 1
+    }
+
+    /// A file- and id-safe form of the name.
+    pub fn slug(&self) -> String {
+        self.name.replace(['/', ':'], "_")
+    }
+}
+
+/// The criterion benchmark id of a backend, case and thread count (also the
+/// directory under `target/criterion` that holds its estimates).
+pub fn bench_id(backend: &str, case: &BenchCase, threads: usize) -> String {
+    format!("{backend}.{}.t{threads}", case.slug())
+}
+
+/// Settings passed from `cargo xtask bench` to the criterion binary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchEnv {
+    /// Thread counts to run.
+    pub threads: Vec<usize>,
+    /// Case names to run (empty: all).
+    pub cases: Vec<String>,
+    /// Backend names to run (empty: all compiled in).
+    pub backends: Vec<String>,
+    /// Seconds of measurement per benchmark.
+    pub measure_secs: f64,
+}
+
+impl BenchEnv {
+    /// Reads `ATTN_BENCH_THREADS`, `ATTN_BENCH_CASES`, `ATTN_BENCH_BACKENDS`
+    /// (comma-separated) and `ATTN_BENCH_SECS`.
+    pub fn from_env() -> Self {
+        let list = |k: &str| -> Vec<String> {
+            std::env::var(k)
+                .unwrap_or_default()
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut threads: Vec<usize> = list("ATTN_BENCH_THREADS")
+            .iter()
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        if threads.is_empty() {
+            threads = if all > 1 { vec![1, all] } else { vec![1] };
+        }
+        BenchEnv {
+            threads,
+            cases: list("ATTN_BENCH_CASES"),
+            backends: list("ATTN_BENCH_BACKENDS"),
+            measure_secs: std::env::var("ATTN_BENCH_SECS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(3.0),
+        }
+    }
+
+    /// Whether `case` is selected.
+    pub fn wants_case(&self, case: &BenchCase) -> bool {
+        self.cases.is_empty() || self.cases.iter().any(|c| c == case.name)
+    }
+
+    /// Whether `backend` is selected.
+    pub fn wants_backend(&self, backend: &str) -> bool {
+        self.backends.is_empty() || self.backends.iter().any(|b| b == backend)
     }
 }

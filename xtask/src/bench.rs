@@ -1,28 +1,305 @@
-//! `cargo xtask bench`: runs the criterion benches of the `benches/` member
-//! (every backend compiled into `attn`, over the shape table in
-//! `benches/src/lib.rs`).
+//! `cargo xtask bench`: measure the machine, check every backend's output on
+//! every case, time them with the criterion benches of `benches/`, time the
+//! PyTorch baseline in the same run when it is installed, measure the
+//! long-context memory case, and write `report.json`, `report.md` and SVG
+//! charts (default `target/attn-bench/`).
 
+use crate::machine::{measure, Machine};
+use crate::report::{fmt_time, Record};
+use crate::{charts, check, report, root, target_dir, torch};
+use attn::{Engine, EngineKind};
+use attn_benches::{bench_id, BenchCase, MEMORY_CASE, SUITE};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::process::Command;
 
-/// Runs the benches; `--quick` shortens measurement for a smoke run.
-pub fn run(args: &[String]) -> Result<(), String> {
-    let mut extra: Vec<String> = Vec::new();
-    for a in args {
+struct Opts {
+    quick: bool,
+    cases: Vec<String>,
+    backends: Vec<String>,
+    threads: Vec<usize>,
+    out: Option<PathBuf>,
+}
+
+fn parse(args: &[String]) -> Result<Opts, String> {
+    let mut o = Opts {
+        quick: false,
+        cases: vec![],
+        backends: vec![],
+        threads: vec![],
+        out: None,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
         match a.as_str() {
-            "--quick" => extra
-                .extend(["--warm-up-time", "0.2", "--measurement-time", "0.5"].map(String::from)),
-            other => extra.push(other.to_string()),
+            "--quick" => o.quick = true,
+            "--case" => o.cases.push(val()?),
+            "--backend" => o.backends.push(val()?),
+            "--threads" => o
+                .threads
+                .push(val()?.parse().map_err(|_| "--threads needs a number")?),
+            "--out" => o.out = Some(PathBuf::from(val()?)),
+            other => {
+                return Err(format!(
+                    "bench: unknown option {other} (see cargo xtask --help)"
+                ))
+            }
         }
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["bench", "-p", "attn-benches", "--bench", "attention", "--"])
-        .args(&extra)
-        .status()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
-    if status.success() {
-        Ok(())
+    Ok(o)
+}
+
+fn engine(kind: EngineKind, threads: usize) -> Option<Engine> {
+    match kind {
+        EngineKind::Cpu => attn_cpu::Cpu::with_threads(threads).ok().map(Engine::Cpu),
+        EngineKind::Reference => Engine::of(kind).ok(),
+    }
+}
+
+fn estimates(id: &str) -> Result<(f64, (f64, f64)), String> {
+    let path = target_dir()
+        .join("criterion")
+        .join(id)
+        .join("new")
+        .join("estimates.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let m = &v["median"];
+    let ns = |x: &Value| x.as_f64().unwrap_or(f64::NAN) * 1e-9;
+    Ok((
+        ns(&m["point_estimate"]),
+        (
+            ns(&m["confidence_interval"]["lower_bound"]),
+            ns(&m["confidence_interval"]["upper_bound"]),
+        ),
+    ))
+}
+
+/// Runs the whole benchmark.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    let out = o
+        .out
+        .clone()
+        .unwrap_or_else(|| target_dir().join("attn-bench"));
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let m = measure();
+    println!(
+        "machine: {} cores, FMA peak {:.1} GFLOP/s/core ({:.1} all), bandwidth {:.1} / {:.1} GB/s, SIMD {} (available {})",
+        m.cores, m.peak_1, m.peak_all, m.bw_1, m.bw_all, attn_cpu::compiled_level(), attn_cpu::detected_level()
+    );
+    let cases: Vec<&BenchCase> = SUITE
+        .iter()
+        .filter(|c| {
+            (!o.quick || c.quick) && (o.cases.is_empty() || o.cases.iter().any(|n| n == c.name))
+        })
+        .collect();
+    let mut threads = if o.threads.is_empty() {
+        vec![1, m.cores]
     } else {
-        Err(format!("cargo bench failed: {status}"))
+        o.threads.clone()
+    };
+    threads.dedup();
+    let kinds: Vec<EngineKind> = EngineKind::compiled()
+        .into_iter()
+        .filter(|k| {
+            let name = engine(*k, 1)
+                .map(|e| attn::Backend::name(&e))
+                .unwrap_or_default();
+            o.backends.is_empty() || o.backends.contains(&name)
+        })
+        .collect();
+    let mut notes = Vec::new();
+
+    // 1. Correctness of every (backend, case) before timing.
+    let mut checks: HashMap<(String, &str), Result<String, String>> = HashMap::new();
+    let jobs: Vec<(EngineKind, &BenchCase)> = kinds
+        .iter()
+        .flat_map(|&k| {
+            cases
+                .iter()
+                .filter(move |c| k != EngineKind::Reference || c.small)
+                .map(move |&c| (k, c))
+        })
+        .collect();
+    for (n, (kind, case)) in jobs.iter().enumerate() {
+        let Some(e) = engine(*kind, m.cores) else {
+            continue;
+        };
+        let name = attn::Backend::name(&e);
+        print!("[check {}/{}] {name} {} ... ", n + 1, jobs.len(), case.name);
+        let r = check::check(&e, case);
+        match &r {
+            Ok(note) => println!("ok ({note})"),
+            Err(err) => println!("MISMATCH: {err}"),
+        }
+        checks.insert((name, case.name), r);
+    }
+
+    // 2. Timing with criterion.
+    let secs = if o.quick { 0.5 } else { 2.0 };
+    let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
+    let backend_names: Vec<String> = kinds
+        .iter()
+        .filter_map(|k| engine(*k, 1))
+        .map(|e| attn::Backend::name(&e))
+        .collect();
+    println!(
+        "timing {} case(s) x {} backend(s) x threads {:?} with criterion ...",
+        cases.len(),
+        kinds.len(),
+        threads
+    );
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root())
+        .args(["bench", "-p", "attn-benches", "--bench", "attention"])
+        .env(
+            "ATTN_BENCH_THREADS",
+            threads
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+        .env("ATTN_BENCH_CASES", names.join(","))
+        .env("ATTN_BENCH_BACKENDS", backend_names.join(","))
+        .env("ATTN_BENCH_SECS", secs.to_string())
+        .status()
+        .map_err(|e| format!("cannot run cargo bench: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo bench failed: {status}"));
+    }
+    let mut records = Vec::new();
+    for b in &backend_names {
+        for case in &cases {
+            for &t in &threads {
+                if b == "reference" && (!case.small || t != 1) {
+                    continue;
+                }
+                let Ok((median, spread)) = estimates(&bench_id(b, case, t)) else {
+                    continue;
+                };
+                let chk = checks.get(&(b.clone(), case.name));
+                records.push(Record {
+                    backend: b.clone(),
+                    case: (*case).clone(),
+                    threads: t,
+                    median,
+                    spread,
+                    checked: matches!(chk, Some(Ok(_))),
+                    check_note: match chk {
+                        Some(Ok(n)) => n.clone(),
+                        Some(Err(e)) => format!("MISMATCH: {e}"),
+                        None => "not checked".into(),
+                    },
+                });
+            }
+        }
+    }
+
+    // 3. PyTorch baseline, same shapes and threads.
+    match torch::available() {
+        Ok(version) => {
+            println!("timing PyTorch {version} scaled_dot_product_attention ...");
+            notes.push(format!("baseline: PyTorch {version} torch.nn.functional.scaled_dot_product_attention (CPU), median of up to 10 runs, [batch, heads, seq, dim] inputs; windows passed as boolean masks"));
+            match torch::run(&cases, &threads, secs, &out) {
+                Ok(times) => {
+                    for t in times {
+                        let Some(case) = cases.iter().find(|c| c.name == t.case) else {
+                            continue;
+                        };
+                        records.push(Record {
+                            backend: "torch-sdpa".into(),
+                            case: (*case).clone(),
+                            threads: t.threads,
+                            median: t.median,
+                            spread: (t.min, t.max),
+                            checked: false,
+                            check_note: "baseline: not checked".into(),
+                        });
+                    }
+                }
+                Err(e) => notes.push(format!("PyTorch baseline failed: {e}")),
+            }
+        }
+        Err(why) => {
+            println!("skipping the PyTorch baseline: {why}");
+            notes.push(format!("PyTorch baseline skipped: {why}"));
+        }
+    }
+    notes.push("candle baselines: pending (attn-candle does not exist yet)".into());
+
+    // 4. The long-context memory case (full runs only).
+    let memory =
+        if !o.quick && (o.cases.is_empty() || o.cases.iter().any(|c| c == MEMORY_CASE.name)) {
+            memory_case(&m)
+        } else {
+            None
+        };
+
+    // 5. Report and charts.
+    let md = report::write(&out, &m, &records, &notes, memory.as_ref())?;
+    let svgs = charts::write(&out, &m, &records)?;
+    summary(&m, &records);
+    let _ = md;
+    println!(
+        "wrote {}/report.json, report.md, {}",
+        out.display(),
+        svgs.join(", ")
+    );
+    if records.iter().any(|r| r.check_note.starts_with("MISMATCH")) {
+        return Err("some backend's output did not match the reference (see the report)".into());
+    }
+    Ok(())
+}
+
+fn memory_case(m: &Machine) -> Option<Value> {
+    println!(
+        "memory case {} on {} threads ...",
+        MEMORY_CASE.name, m.cores
+    );
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root())
+        .args([
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "attn-benches",
+            "--bin",
+            "memcase",
+        ])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(text.trim()).ok()?;
+    println!("  {}", v);
+    Some(v)
+}
+
+fn summary(m: &Machine, records: &[Record]) {
+    println!(
+        "\n{:34} {:10} {:>3} {:>11} {:>9} {:>7} {:>7}",
+        "case", "backend", "thr", "median", "GFLOP/s", "%peak", "checked"
+    );
+    for r in records {
+        println!(
+            "{:34} {:10} {:>3} {:>11} {:>9.1} {:>6.1}% {:>7}",
+            r.case.name,
+            r.backend,
+            r.threads,
+            fmt_time(r.median),
+            r.gflops(),
+            100.0 * r.gflops() / m.peak(r.threads),
+            if r.checked {
+                "yes"
+            } else if r.backend == "torch-sdpa" {
+                "-"
+            } else {
+                "NO"
+            }
+        );
     }
 }

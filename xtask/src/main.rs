@@ -2,18 +2,36 @@
 //! `.cargo/config.toml`). A thin dispatcher: one file per task.
 
 mod bench;
+mod charts;
+mod check;
+mod machine;
+mod report;
+mod torch;
+mod verify;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: cargo xtask <task>
+const USAGE: &str = "usage: cargo xtask <task> [options]
 
 tasks:
-  bench [--quick] [criterion args...]   benchmark every backend compiled into attn";
+  bench    measure the machine, check and benchmark every backend compiled in,
+           compare with baselines, write target/attn-bench/report.{json,md} and charts
+           --quick            a small subset with short measurements (about 2 minutes)
+           --case NAME        only this case (repeatable; see benches/src/lib.rs)
+           --backend NAME     only this backend (repeatable: cpu, reference)
+           --threads N        only this thread count (repeatable; default 1 and all cores)
+           --out DIR          write the report to DIR instead of target/attn-bench
+  peak     measure and print the FMA peak and memory bandwidth only
+  verify   run the conformance suite on every backend available on this machine
+           --cases N          generated cases per backend (default 256)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let rest = args.get(1..).unwrap_or_default();
     let result = match args.first().map(String::as_str) {
-        Some("bench") => bench::run(&args[1..]),
+        Some("bench") => bench::run(rest),
+        Some("peak") => machine::run_peak(),
+        Some("verify") => verify::run(rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -27,4 +45,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The workspace root (the parent of this crate's directory).
+pub fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// The cargo target directory.
+pub fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), Into::into)
 }

@@ -1,0 +1,127 @@
+//! `cargo xtask peak`, and the machine section of every report: FMA peak per
+//! core and for all cores, memory bandwidth, CPU model, SIMD compiled in
+//! versus available, versions, commit and date.
+
+use attn_benches::machine::{fma_peak, fma_peak_per_core, triad_bandwidth};
+use serde_json::{json, Value};
+use std::process::Command;
+
+/// The measured roofline and facts of this machine.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    /// Logical cores.
+    pub cores: usize,
+    /// f32 FMA peak of one core, GFLOP/s.
+    pub peak_1: f64,
+    /// f32 FMA peak of all cores, GFLOP/s.
+    pub peak_all: f64,
+    /// Triad bandwidth with one thread, GB/s.
+    pub bw_1: f64,
+    /// Triad bandwidth with all cores, GB/s.
+    pub bw_all: f64,
+    /// Everything else, for the report.
+    pub facts: Value,
+}
+
+impl Machine {
+    /// FMA peak for `threads` threads (the per-core peak times the threads,
+    /// capped by the all-core measurement).
+    pub fn peak(&self, threads: usize) -> f64 {
+        if threads >= self.cores {
+            self.peak_all
+        } else {
+            (self.peak_1 * threads as f64).min(self.peak_all.max(self.peak_1))
+        }
+    }
+
+    /// Bandwidth for `threads` threads.
+    pub fn bandwidth(&self, threads: usize) -> f64 {
+        if threads > 1 {
+            self.bw_all
+        } else {
+            self.bw_1
+        }
+    }
+}
+
+fn cmd(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Measures the machine (about 10 seconds).
+pub fn measure() -> Machine {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    eprintln!("measuring the machine: FMA peak and memory bandwidth ...");
+    let peak_1 = fma_peak_per_core();
+    let peak_all = fma_peak(cores);
+    let bw_1 = triad_bandwidth(1);
+    let bw_all = triad_bandwidth(cores);
+    let facts = json!({
+        "cpu_model": cpu_model(),
+        "cores": cores,
+        "simd_compiled": attn_cpu::compiled_level(),
+        "simd_available": attn_cpu::detected_level(),
+        "simd_warning": attn_cpu::simd_warning(),
+        "fma_peak_gflops_per_core": peak_1,
+        "fma_peak_gflops_all_cores": peak_all,
+        "triad_bandwidth_gbs_1_thread": bw_1,
+        "triad_bandwidth_gbs_all_cores": bw_all,
+        "rustc": cmd("rustc", &["-V"]),
+        "git_commit": cmd("git", &["rev-parse", "--short", "HEAD"]),
+        "git_dirty": !cmd("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty(),
+        "date": cmd("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+        "attn_version": env!("CARGO_PKG_VERSION"),
+    });
+    Machine {
+        cores,
+        peak_1,
+        peak_all,
+        bw_1,
+        bw_all,
+        facts,
+    }
+}
+
+/// `cargo xtask peak`.
+pub fn run_peak() -> Result<(), String> {
+    let m = measure();
+    println!(
+        "CPU:        {}",
+        m.facts["cpu_model"].as_str().unwrap_or("?")
+    );
+    println!(
+        "SIMD:       compiled {}, available {}",
+        attn_cpu::compiled_level(),
+        attn_cpu::detected_level()
+    );
+    if let Some(w) = attn_cpu::simd_warning() {
+        println!("warning:    {w}");
+    }
+    println!(
+        "FMA peak:   {:.1} GFLOP/s per core, {:.1} GFLOP/s on {} cores",
+        m.peak_1, m.peak_all, m.cores
+    );
+    println!(
+        "bandwidth:  {:.1} GB/s one thread, {:.1} GB/s all cores (triad)",
+        m.bw_1, m.bw_all
+    );
+    Ok(())
+}

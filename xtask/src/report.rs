@@ -1,0 +1,206 @@
+//! The report: one record per backend x case x threads, written as
+//! `report.json` (machine section first) and `report.md` (tables), plus a
+//! summary on the terminal.
+
+use crate::machine::Machine;
+use attn_benches::BenchCase;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+
+/// One measured (backend, case, threads).
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// Backend name (`cpu`, `reference`, `torch-sdpa`).
+    pub backend: String,
+    /// The case.
+    pub case: BenchCase,
+    /// Threads.
+    pub threads: usize,
+    /// Median seconds per call.
+    pub median: f64,
+    /// Low and high end of the spread (criterion's confidence interval of
+    /// the median, or the fastest and slowest run for baselines).
+    pub spread: (f64, f64),
+    /// Whether the output was checked against the reference and passed.
+    pub checked: bool,
+    /// What the check did or why it failed.
+    pub check_note: String,
+}
+
+impl Record {
+    /// GFLOP/s of the visible pairs.
+    pub fn gflops(&self) -> f64 {
+        self.case.flops() / self.median / 1e9
+    }
+
+    /// GB/s of K and V (decode cases).
+    pub fn gbs(&self) -> Option<f64> {
+        self.case
+            .is_decode()
+            .then(|| self.case.kv_bytes() / self.median / 1e9)
+    }
+
+    fn json(&self, m: &Machine) -> Value {
+        let c = &self.case;
+        let peak = m.peak(self.threads);
+        json!({
+            "backend": self.backend,
+            "case": c.name,
+            "batch": c.batch, "q_heads": c.q_heads, "kv_heads": c.kv_heads,
+            "q_len": c.q_len, "kv_len": c.kv_len, "head_dim": c.head_dim,
+            "mask": format!("{:?}", c.mask),
+            "dtype": c.dtype.to_string(),
+            "threads": self.threads,
+            "median_s": self.median,
+            "spread_s": [self.spread.0, self.spread.1],
+            "flops": c.flops(),
+            "gflops": self.gflops(),
+            "percent_of_peak": 100.0 * self.gflops() / peak,
+            "gbs": self.gbs(),
+            "percent_of_bandwidth": self.gbs().map(|g| 100.0 * g / m.bandwidth(self.threads)),
+            "checked": self.checked,
+            "check": self.check_note,
+        })
+    }
+}
+
+/// Writes `report.json` and `report.md` into `dir`; returns the markdown.
+pub fn write(
+    dir: &std::path::Path,
+    m: &Machine,
+    records: &[Record],
+    notes: &[String],
+    memory: Option<&Value>,
+) -> Result<String, String> {
+    let doc = json!({
+        "machine": m.facts,
+        "notes": notes,
+        "memory_case": memory,
+        "records": records.iter().map(|r| r.json(m)).collect::<Vec<_>>(),
+    });
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("report.json"), text).map_err(|e| e.to_string())?;
+    let md = markdown(m, records, notes, memory);
+    std::fs::write(dir.join("report.md"), &md).map_err(|e| e.to_string())?;
+    Ok(md)
+}
+
+fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&Value>) -> String {
+    let f = &m.facts;
+    let mut s = String::new();
+    let _ = writeln!(s, "# attn benchmark report\n");
+    let _ = writeln!(s, "| machine | |\n|---|---|");
+    for (k, v) in [
+        ("CPU", f["cpu_model"].to_string()),
+        ("cores", m.cores.to_string()),
+        (
+            "SIMD compiled / available",
+            format!("{} / {}", f["simd_compiled"], f["simd_available"]),
+        ),
+        (
+            "FMA peak (f32)",
+            format!(
+                "{:.1} GFLOP/s per core, {:.1} on {} cores",
+                m.peak_1, m.peak_all, m.cores
+            ),
+        ),
+        (
+            "memory bandwidth (triad)",
+            format!("{:.1} GB/s one thread, {:.1} all cores", m.bw_1, m.bw_all),
+        ),
+        ("rustc", f["rustc"].to_string()),
+        (
+            "commit",
+            format!("{} (dirty: {})", f["git_commit"], f["git_dirty"]),
+        ),
+        ("date", f["date"].to_string()),
+    ] {
+        let _ = writeln!(s, "| {k} | {} |", v.trim_matches('"'));
+    }
+    let _ = writeln!(
+        s,
+        "\nThroughput counts only visible (query, key) pairs, 4 x head_dim flops each; percent of peak is against the FMA peak measured above for the same thread count; decode cases also show GB/s of K and V against the measured bandwidth. `checked` = the output matched the f64 reference under the conformance bound just before timing.\n"
+    );
+    for n in notes {
+        let _ = writeln!(s, "- {n}");
+    }
+    let mut cases: Vec<&str> = records.iter().map(|r| r.case.name).collect();
+    cases.dedup();
+    let mut seen = std::collections::HashSet::new();
+    cases.retain(|c| seen.insert(*c));
+    let _ = writeln!(
+        s,
+        "\n| case | backend | threads | median | GFLOP/s | % of peak | GB/s (% of bw) | checked |\n|---|---|---|---|---|---|---|---|"
+    );
+    for c in &cases {
+        for r in records.iter().filter(|r| r.case.name == *c) {
+            let gbs = r.gbs().map_or(String::new(), |g| {
+                format!("{g:.1} ({:.0}%)", 100.0 * g / m.bandwidth(r.threads))
+            });
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.1} | {:.1}% | {} | {} |",
+                c,
+                r.backend,
+                r.threads,
+                fmt_time(r.median),
+                r.gflops(),
+                100.0 * r.gflops() / m.peak(r.threads),
+                gbs,
+                if r.checked { "yes" } else { "**NO**" }
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\n## attn-cpu against PyTorch SDPA (same run, same threads)\n"
+    );
+    let _ = writeln!(
+        s,
+        "| case | threads | attn-cpu | torch-sdpa | speed-up |\n|---|---|---|---|---|"
+    );
+    let mut any = false;
+    for c in &cases {
+        for r in records
+            .iter()
+            .filter(|r| r.case.name == *c && r.backend == "cpu")
+        {
+            if let Some(t) = records
+                .iter()
+                .find(|t| t.backend == "torch-sdpa" && t.case.name == *c && t.threads == r.threads)
+            {
+                any = true;
+                let _ = writeln!(
+                    s,
+                    "| {c} | {} | {} | {} | {:.2}x |",
+                    r.threads,
+                    fmt_time(r.median),
+                    fmt_time(t.median),
+                    t.median / r.median
+                );
+            }
+        }
+    }
+    if !any {
+        let _ = writeln!(s, "(no PyTorch timings in this run)");
+    }
+    if let Some(mem) = memory {
+        let _ = writeln!(
+            s,
+            "\n## Memory\n\n```\n{}\n```",
+            serde_json::to_string_pretty(mem).unwrap_or_default()
+        );
+    }
+    s
+}
+
+/// A duration in the most readable unit.
+pub fn fmt_time(secs: f64) -> String {
+    if secs >= 1.0 {
+        format!("{secs:.3} s")
+    } else if secs >= 1e-3 {
+        format!("{:.3} ms", secs * 1e3)
+    } else {
+        format!("{:.1} us", secs * 1e6)
+    }
+}
