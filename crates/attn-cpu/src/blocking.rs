@@ -58,3 +58,7 @@ pub const SPLIT_KEYS: usize = 1024;
 
 /// Keys are split only when a problem has fewer row blocks than this.
 pub const MIN_WORK_ITEMS: usize = 16;
+
+/// Problems with fewer FLOPs than this run on the calling thread: waking
+/// the pool costs 10-20 us here, about what 8 MFLOP take on one core.
+pub const PARALLEL_MIN_FLOPS: f64 = 8e6;

@@ -10,6 +10,8 @@ pub trait CpuElement: Element {
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// Widens `src` into `dst` (same length).
     fn widen(src: &[Self], dst: &mut [f32]);
+    /// Stores `src * f` into `dst` (same length), rounding once.
+    fn store_scaled(src: &[f32], f: f32, dst: &mut [Self]);
     /// The typed slice inside host data of this type.
     fn host(d: &HostData) -> Option<&[Self]>;
     /// The typed mutable slice inside host data of this type.
@@ -22,6 +24,11 @@ impl CpuElement for f32 {
     }
     fn widen(src: &[f32], dst: &mut [f32]) {
         crate::pack::copy_row(src, dst);
+    }
+    fn store_scaled(src: &[f32], f: f32, dst: &mut [f32]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s * f;
+        }
     }
     fn host(d: &HostData) -> Option<&[f32]> {
         match d {
@@ -45,6 +52,15 @@ impl CpuElement for f16 {
         // Uses F16C when the CPU has it (detected at run time by `half`).
         src.convert_to_f32_slice(dst);
     }
+    fn store_scaled(src: &[f32], f: f32, dst: &mut [f16]) {
+        let mut buf = [0.0f32; 64];
+        for (s, d) in src.chunks(64).zip(dst.chunks_mut(64)) {
+            for (b, &x) in buf.iter_mut().zip(s) {
+                *b = x * f;
+            }
+            d.convert_from_f32_slice(&buf[..s.len()]);
+        }
+    }
     fn host(d: &HostData) -> Option<&[f16]> {
         match d {
             HostData::F16(v) => Some(v),
@@ -67,6 +83,11 @@ impl CpuElement for bf16 {
         // bf16 is the top half of an f32: a shift the compiler vectorises.
         for (d, s) in dst.iter_mut().zip(src) {
             *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+    fn store_scaled(src: &[f32], f: f32, dst: &mut [bf16]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = bf16::from_f32(s * f);
         }
     }
     fn host(d: &HostData) -> Option<&[bf16]> {

@@ -39,13 +39,16 @@ use tiling::Ctx;
 /// The CPU backend. Buffers are host memory ([`HostData`]).
 #[derive(Clone, Debug, Default)]
 pub struct Cpu {
+    /// Its own pool (`with_threads`), or rayon's global pool (`None`).
     pool: Option<Arc<rayon::ThreadPool>>,
+    /// `with_threads(1)`: never leave the calling thread.
+    single: bool,
 }
 
 impl Cpu {
     /// A backend on all cores (rayon's global pool).
     pub fn new() -> Self {
-        Cpu { pool: None }
+        Cpu::default()
     }
 
     /// A backend on exactly `threads` threads (its own pool). Results are
@@ -53,6 +56,12 @@ impl Cpu {
     pub fn with_threads(threads: usize) -> Result<Self> {
         if threads == 0 {
             return Err(AttnError::ZeroSize { what: "threads" });
+        }
+        if threads == 1 {
+            return Ok(Cpu {
+                pool: None,
+                single: true,
+            });
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -63,20 +72,34 @@ impl Cpu {
             })?;
         Ok(Cpu {
             pool: Some(Arc::new(pool)),
+            single: false,
         })
     }
 
     /// Threads this backend runs on.
     pub fn threads(&self) -> usize {
+        if self.single {
+            return 1;
+        }
         self.pool
             .as_ref()
             .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
     }
 
-    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        match &self.pool {
-            Some(p) => p.install(f),
-            None => f(),
+    /// Whether a problem of `flops` runs on the pool. Handing work to pool
+    /// threads costs a wake-up and a context switch (10-20 us measured on
+    /// this project's 2-core machine), more than a problem under
+    /// [`blocking::PARALLEL_MIN_FLOPS`] takes on one core; such problems,
+    /// and every problem of a one-thread backend, run on the calling
+    /// thread. The result is the same either way, bit for bit.
+    fn parallel(&self, flops: f64) -> bool {
+        !self.single && self.threads() > 1 && flops >= blocking::PARALLEL_MIN_FLOPS
+    }
+
+    fn install<R: Send>(&self, par: bool, f: impl FnOnce() -> R + Send) -> R {
+        match (&self.pool, par) {
+            (Some(p), true) => p.install(f),
+            _ => f(),
         }
     }
 }
@@ -90,6 +113,7 @@ fn typed<'a, T: CpuElement>(d: &'a HostData, name: &'static str) -> Result<&'a [
 }
 
 fn forward_typed<T: CpuElement>(
+    par: bool,
     p: &Problem,
     inputs: Inputs<'_, HostData>,
     out: &mut HostData,
@@ -118,7 +142,7 @@ fn forward_typed<T: CpuElement>(
         _ => None,
     };
     let sink = schedule::Sink::new(out, lse);
-    schedule::run_all(&ctx, &sink);
+    schedule::run_all(&ctx, &sink, par);
     Ok(())
 }
 
@@ -161,10 +185,11 @@ impl Backend for Cpu {
         lse: Option<&mut HostData>,
     ) -> Result<()> {
         check_call(self, problem, &inputs, out, lse.as_deref())?;
-        self.install(|| match problem.dtype {
-            DType::F32 => forward_typed::<f32>(problem, inputs, out, lse),
-            DType::F16 => forward_typed::<attn_spec::f16>(problem, inputs, out, lse),
-            DType::Bf16 => forward_typed::<attn_spec::bf16>(problem, inputs, out, lse),
+        let par = self.parallel(problem.flops());
+        self.install(par, || match problem.dtype {
+            DType::F32 => forward_typed::<f32>(par, problem, inputs, out, lse),
+            DType::F16 => forward_typed::<attn_spec::f16>(par, problem, inputs, out, lse),
+            DType::Bf16 => forward_typed::<attn_spec::bf16>(par, problem, inputs, out, lse),
             _ => unreachable!("refused by supports()"),
         })
     }
@@ -178,6 +203,9 @@ impl Backend for Cpu {
         out_features: usize,
     ) -> Result<HostData> {
         attn_spec::reference::check_linear(self, x, rows, w, bias, in_features, out_features)?;
-        Ok(self.install(|| linear::linear(x, rows, w, bias, in_features, out_features)))
+        let threads = if self.single { 1 } else { self.threads() };
+        Ok(self.install(true, || {
+            linear::linear(x, rows, w, bias, in_features, out_features, threads)
+        }))
     }
 }

@@ -14,6 +14,7 @@ pub fn linear(
     bias: Option<&HostData>,
     in_f: usize,
     out_f: usize,
+    threads: usize,
 ) -> HostData {
     let widen = |d: &HostData| -> Vec<f32> {
         match d {
@@ -29,7 +30,6 @@ pub fn linear(
             row.copy_from_slice(&bf);
         }
     }
-    let threads = rayon::current_num_threads();
     let par = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {

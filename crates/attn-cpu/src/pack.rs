@@ -6,13 +6,16 @@
 
 use crate::blocking::LANES;
 use crate::element::CpuElement;
-use crate::simd::{load, store};
+use crate::simd::{load, store, V};
 use crate::work::Item;
 use attn_spec::View;
 
 /// Packs the block's query rows into `qt` (`d x w`, row `r` of the block
 /// in lane `r`), multiplied by `scale`; lanes past the block are zero.
 /// `row` is scratch of at least `d` floats.
+/// `rows` is scratch of at least `16 * d` floats. Sixteen rows at a time
+/// are widened into it and turned into panel columns with 16 x 16
+/// register transposes.
 pub fn pack_q<T: CpuElement>(
     q: &[T],
     view: &View,
@@ -20,19 +23,35 @@ pub fn pack_q<T: CpuElement>(
     (d, w): (usize, usize),
     scale: f32,
     qt: &mut [f32],
-    row: &mut [f32],
+    rows: &mut [f32],
 ) {
-    let rows = item.rows();
-    for r in 0..w {
-        if r < rows {
-            let (p, h) = item.row(r);
-            gather_row(q, view, [item.b, p, h, 0], d, row);
-            for (e, &x) in row[..d].iter().enumerate() {
-                qt[e * w + r] = x * scale;
+    let n = item.rows();
+    assert!(qt.len() >= d * w && rows.len() >= LANES * d && w % LANES == 0);
+    let sv = V::splat(scale);
+    for r0 in (0..w).step_by(LANES) {
+        for i in 0..LANES {
+            let dst = &mut rows[i * d..(i + 1) * d];
+            if r0 + i < n {
+                let (p, h) = item.row(r0 + i);
+                gather_row(q, view, [item.b, p, h, 0], d, dst);
+            } else {
+                dst.fill(0.0);
             }
-        } else {
-            for e in 0..d {
-                qt[e * w + r] = 0.0;
+        }
+        let mut e0 = 0;
+        while e0 + LANES <= d {
+            // SAFETY: row i's e0..e0+16 lies within rows[i*d..(i+1)*d].
+            let blk: [V; LANES] =
+                std::array::from_fn(|i| unsafe { load(rows.as_ptr().add(i * d + e0)) });
+            for (i, t) in V::transpose(blk).into_iter().enumerate() {
+                // SAFETY: (e0 + i) * w + r0 + 16 <= d * w (asserted).
+                unsafe { store(qt.as_mut_ptr().add((e0 + i) * w + r0), t * sv) };
+            }
+            e0 += LANES;
+        }
+        for e in e0..d {
+            for i in 0..LANES {
+                qt[e * w + r0 + i] = rows[i * d + e] * scale;
             }
         }
     }

@@ -50,23 +50,32 @@ impl<T: CpuElement> Sink<T> {
         }
     }
 
-    /// Writes one output row `(b, pos, h)` and its log-sum-exp.
+    /// Writes one output row `(b, pos, h)` as `row * f`, and its
+    /// log-sum-exp.
     pub fn write_row(
         &self,
         ctx: &Ctx<'_, T>,
         (b, pos, h): (usize, usize, usize),
-        row: impl Fn(usize) -> f32,
+        row: &[f32],
+        f: f32,
         lse: f32,
     ) {
         let p = ctx.p;
         let dv = p.shape.head_dim_v;
         let base = p.out.index([b, pos, h, 0]);
-        let step = if dv > 1 { p.out.strides[3] } else { 0 };
-        assert!(base + (dv - 1) * step < self.out_len);
-        for c in 0..dv {
-            // SAFETY: base + c*step <= base + (dv-1)*step is in bounds
-            // (checked); no other item writes row (b, pos, h).
-            unsafe { *self.out.add(base + c * step) = T::from_f32(row(c)) };
+        let step = if dv > 1 { p.out.strides[3] } else { 1 };
+        assert!(row.len() == dv && base + (dv - 1) * step < self.out_len);
+        if step == 1 {
+            // SAFETY: base..base+dv is in bounds (checked) and no other item
+            // writes row (b, pos, h), so this is the only reference to it.
+            let dst = unsafe { std::slice::from_raw_parts_mut(self.out.add(base), dv) };
+            T::store_scaled(row, f, dst);
+        } else {
+            for (c, &x) in row.iter().enumerate() {
+                // SAFETY: base + c*step <= base + (dv-1)*step is in bounds
+                // (checked); no other item writes row (b, pos, h).
+                unsafe { *self.out.add(base + c * step) = T::from_f32(x * f) };
+            }
         }
         if !self.lse.is_null() {
             let at = (b * p.shape.q_heads + h) * p.shape.q_len + pos;
@@ -137,7 +146,25 @@ fn run_block<T: CpuElement>(
 }
 
 /// Computes the whole problem into `sink`.
-pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>) {
+/// Maps `f` over `items` with a per-thread workspace from `init`, on the
+/// current rayon pool when `par`, else in order on the calling thread.
+fn map_items<I: Sync, R: Send>(
+    par: bool,
+    items: &[I],
+    init: impl Fn() -> Workspace + Sync + Send,
+    f: impl Fn(&mut Workspace, &I) -> R + Sync + Send,
+) -> Vec<R> {
+    if par {
+        items.par_iter().map_init(init, f).collect()
+    } else {
+        let mut ws = init();
+        items.iter().map(|it| f(&mut ws, it)).collect()
+    }
+}
+
+/// Computes the whole problem into `sink`, on the current rayon pool when
+/// `par` (see `Cpu::parallel`), else on the calling thread.
+pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
     let p = ctx.p;
     let s = p.shape;
     let (dk, dv) = (s.head_dim_qk, s.head_dim_v);
@@ -148,8 +175,9 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>) {
             (ql..s.q_len).flat_map(move |pos| (0..s.q_heads).map(move |h| (b, pos, h)))
         })
         .collect();
+    let zeros = vec![0.0f32; dv];
     for &at in &padded {
-        sink.write_row(ctx, at, |_| 0.0, f32::NEG_INFINITY);
+        sink.write_row(ctx, at, &zeros, 1.0, f32::NEG_INFINITY);
     }
     let mut blocks = row_blocks(p);
     let cost = |it: &Item| -> u64 {
@@ -162,14 +190,16 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>) {
     blocks.sort_by_key(|it| std::cmp::Reverse(cost(it)));
     let sinks = p.options.sinks.as_deref();
     if !split_keys(p, blocks.len()) {
-        blocks.par_iter().for_each_init(
+        map_items(
+            par,
+            &blocks,
             || Workspace::new(dk, dv),
             |ws, it| {
                 let finish = run_block(ctx, it, ws, sinks);
                 for (r, &(f, lse)) in finish.iter().enumerate() {
                     let (pos, h) = it.row(r);
                     let row = &ws.orow[r * dv..(r + 1) * dv];
-                    sink.write_row(ctx, (it.b, pos, h), |c| row[c] * f, lse);
+                    sink.write_row(ctx, (it.b, pos, h), row, f, lse);
                 }
             },
         );
@@ -187,23 +217,22 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>) {
                 .map(move |keys| (bi, Item { keys, ..it.clone() }))
         })
         .collect();
-    let partial: Vec<(Vec<f32>, Vec<f32>)> = parts
-        .par_iter()
-        .map_init(
-            || Workspace::new(dk, dv),
-            |ws, (_, it)| {
-                let finish = run_block(ctx, it, ws, None);
-                let mut o = ws.orow[..it.rows() * dv].to_vec();
-                let mut l = vec![0.0f32; it.rows()];
-                for (r, &(f, lse)) in finish.iter().enumerate() {
-                    l[r] = lse;
-                    o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= f);
-                }
-                (o, l)
-            },
-        )
-        .collect();
-    blocks.par_iter().enumerate().for_each(|(bi, it)| {
+    let partial: Vec<(Vec<f32>, Vec<f32>)> = map_items(
+        par,
+        &parts,
+        || Workspace::new(dk, dv),
+        |ws, (_, it)| {
+            let finish = run_block(ctx, it, ws, None);
+            let mut o = ws.orow[..it.rows() * dv].to_vec();
+            let mut l = vec![0.0f32; it.rows()];
+            for (r, &(f, lse)) in finish.iter().enumerate() {
+                l[r] = lse;
+                o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= f);
+            }
+            (o, l)
+        },
+    );
+    blocks.iter().enumerate().for_each(|(bi, it)| {
         let rows = it.rows();
         let mut o = vec![0.0f32; rows * dv];
         let mut l = vec![f32::NEG_INFINITY; rows];
@@ -219,7 +248,7 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>) {
                 None => (1.0, l[r]),
             };
             let row = &o[r * dv..(r + 1) * dv];
-            sink.write_row(ctx, (it.b, pos, h), |c| row[c] * f, lse);
+            sink.write_row(ctx, (it.b, pos, h), row, f, lse);
         }
     });
 }

@@ -80,7 +80,7 @@ pub struct Workspace {
     pub vbuf: Vec<f32>,
     /// The finished block in row-major order, `ROWS x dv`.
     pub orow: Vec<f32>,
-    /// One widened query row.
+    /// Sixteen widened query rows.
     pub qrow: Vec<f32>,
 }
 
@@ -94,7 +94,7 @@ impl Workspace {
             kbuf: vec![0.0; KEYS * dk],
             vbuf: vec![0.0; KEYS * packed_stride(dv)],
             orow: vec![0.0; ROWS * dv],
-            qrow: vec![0.0; dk],
+            qrow: vec![0.0; LANES * dk],
         }
     }
 }
