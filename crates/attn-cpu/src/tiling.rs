@@ -161,20 +161,20 @@ fn step<T: CpuElement, const NV: usize>(
     let w = NV * LANES;
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
     let g = (item.b, item.kvh);
-    let next = (
-        j0 + n,
-        n.min(item.keys.end.saturating_sub(j0 + n))
-            .min(p.shape.kv_len - (j0 + n).min(p.shape.kv_len)),
-    );
-    if next.1 > 0 {
-        prefetch_rows(ctx.k, &p.k, g, next, dk);
-        prefetch_rows(ctx.v, &p.v, g, next, dv);
-    }
+    // Keys of the next tile that this item will visit (prefetched below,
+    // group by group, so the requests spread over the tile's compute
+    // instead of stalling on full miss buffers at its start).
+    let next_n = n.min(item.keys.end.saturating_sub(j0 + n));
     let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
     assert!(k.len() >= (n - 1) * ks + dk && ws.qt.len() >= dk * w && ws.st.len() >= n * w);
     let mut j = 0;
     while j < n {
         let m = mr(NV).min(n - j);
+        if j < next_n {
+            prefetch_rows(ctx.k, &p.k, g, (j0 + n + j, m.min(next_n - j)), dk);
+        }
+        // This tile's values, needed once the scores are done.
+        prefetch_rows(ctx.v, &p.v, g, (j0 + j, m), dv);
         let (kp, sp) = (k[j * ks..].as_ptr(), ws.st[j * w..].as_mut_ptr());
         // SAFETY: `k` holds n rows of dk floats, ks apart; qt is dk x w; st
         // has n x w floats and j + m <= n (all asserted above).
