@@ -16,6 +16,7 @@
 //! `linear.rs` (projections through the `gemm` crate).
 
 mod blocking;
+mod decode;
 mod element;
 mod exp;
 mod linear;

@@ -43,7 +43,7 @@ pub fn pack_q<T: CpuElement>(
             // SAFETY: row i's e0..e0+16 lies within rows[i*d..(i+1)*d].
             let blk: [V; LANES] =
                 std::array::from_fn(|i| unsafe { load(rows.as_ptr().add(i * d + e0)) });
-            for (i, t) in V::transpose(blk).into_iter().enumerate() {
+            for (i, t) in crate::simd::transpose16(blk).into_iter().enumerate() {
                 // SAFETY: (e0 + i) * w + r0 + 16 <= d * w (asserted).
                 unsafe { store(qt.as_mut_ptr().add((e0 + i) * w + r0), t * sv) };
             }

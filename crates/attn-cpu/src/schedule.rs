@@ -101,7 +101,7 @@ fn transpose_out(ot: &[f32], dv: usize, rows: usize, orow: &mut [f32]) {
                 // (asserted above).
                 *b = unsafe { load(ot.as_ptr().add((c0 + c) * rows + r0)) };
             }
-            let t = V::transpose(blk);
+            let t = crate::simd::transpose16(blk);
             for (r, row) in t.iter().enumerate() {
                 let at = (r0 + r) * dv + c0;
                 if w == LANES {
@@ -138,14 +138,15 @@ fn run_block<T: CpuElement>(
             .map(|r| sm.finish(r, sinks.map(|v| v[it.row(r).1])))
             .collect()
     }
-    if it.rows() <= LANES {
+    if it.rows() <= crate::decode::DECODE_ROWS && std::env::var_os("NODEC").is_none() {
+        crate::decode::run_item(ctx, it, ws, sinks)
+    } else if it.rows() <= LANES {
         go::<T, 1>(ctx, it, ws, sinks)
     } else {
         go::<T, { crate::blocking::ROW_VECS }>(ctx, it, ws, sinks)
     }
 }
 
-/// Computes the whole problem into `sink`.
 /// Maps `f` over `items` with a per-thread workspace from `init`, on the
 /// current rayon pool when `par`, else in order on the calling thread.
 fn map_items<I: Sync, R: Send>(

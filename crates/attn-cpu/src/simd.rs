@@ -76,3 +76,74 @@ pub fn simd_warning() -> Option<String> {
         )
     })
 }
+
+/// Transposes a 16 x 16 block held in 16 vectors (row `i` in `m[i]`).
+/// With AVX-512: 64 in-register shuffles (unpack, then 32- and 128-bit
+/// lane shuffles); `wide`'s own `transpose` moves the 256 elements one by
+/// one.
+#[inline(always)]
+pub fn transpose16(m: [V; 16]) -> [V; 16] {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+    {
+        // SAFETY: this branch is compiled only when the whole build enables
+        // avx512f (`cfg` above), so every CPU the binary may run on has it.
+        unsafe { transpose16_avx512(m) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512f")))]
+    {
+        V::transpose(m)
+    }
+}
+
+/// The AVX-512 body of [`transpose16`].
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16_avx512(m: [V; 16]) -> [V; 16] {
+    use std::arch::x86_64::*;
+    let r: [__m512; 16] = m.map(Into::into);
+    let mut t = r;
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    let mut u = r;
+    for g in 0..4 {
+        let b = 4 * g;
+        u[b] = _mm512_shuffle_ps::<0x44>(t[b], t[b + 2]);
+        u[b + 1] = _mm512_shuffle_ps::<0xEE>(t[b], t[b + 2]);
+        u[b + 2] = _mm512_shuffle_ps::<0x44>(t[b + 1], t[b + 3]);
+        u[b + 3] = _mm512_shuffle_ps::<0xEE>(t[b + 1], t[b + 3]);
+    }
+    let mut w = r;
+    for i in 0..4 {
+        w[i] = _mm512_shuffle_f32x4::<0x88>(u[i], u[i + 4]);
+        w[i + 4] = _mm512_shuffle_f32x4::<0xDD>(u[i], u[i + 4]);
+        w[i + 8] = _mm512_shuffle_f32x4::<0x88>(u[i + 8], u[i + 12]);
+        w[i + 12] = _mm512_shuffle_f32x4::<0xDD>(u[i + 8], u[i + 12]);
+    }
+    let mut o = r;
+    for i in 0..8 {
+        o[i] = _mm512_shuffle_f32x4::<0x88>(w[i], w[i + 8]);
+        o[i + 8] = _mm512_shuffle_f32x4::<0xDD>(w[i], w[i + 8]);
+    }
+    o.map(V::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose16_matches_the_definition() {
+        let m: [V; 16] = std::array::from_fn(|i| V::from(std::array::from_fn(|j| (i * 16 + j) as f32)));
+        let t = transpose16(m);
+        for (j, row) in t.iter().enumerate() {
+            for (i, &x) in row.as_array().iter().enumerate() {
+                assert_eq!(x, (i * 16 + j) as f32, "t[{j}][{i}]");
+            }
+        }
+    }
+}

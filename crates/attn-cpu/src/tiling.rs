@@ -18,6 +18,7 @@
 //! mask), go through [`transform`].
 
 use crate::blocking::{mr, KEYS, LANES, ROWS};
+use crate::decode::DECODE_ROWS;
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, scores};
 use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows};
@@ -46,7 +47,7 @@ pub struct Ctx<'a, T> {
 
 impl<T> Ctx<'_, T> {
     /// Whether scores need per-element work beyond the causal/window mask.
-    fn per_element(&self) -> bool {
+    pub fn per_element(&self) -> bool {
         let o = &self.p.options;
         o.softcap.is_some()
             || o.alibi_slopes.is_some()
@@ -82,6 +83,12 @@ pub struct Workspace {
     pub orow: Vec<f32>,
     /// Sixteen widened query rows.
     pub qrow: Vec<f32>,
+    /// Decode path: scaled query rows, `DECODE_ROWS x dk`.
+    pub qd: Vec<f32>,
+    /// Decode path: transposed key tile, `dk x KEYS`.
+    pub kt: Vec<f32>,
+    /// Decode path: score / probability rows, `DECODE_ROWS x KEYS`.
+    pub sd: Vec<f32>,
 }
 
 impl Workspace {
@@ -95,6 +102,9 @@ impl Workspace {
             vbuf: vec![0.0; KEYS * packed_stride(dv)],
             orow: vec![0.0; ROWS * dv],
             qrow: vec![0.0; LANES * dk],
+            qd: vec![0.0; DECODE_ROWS * dk],
+            kt: vec![0.0; dk * KEYS],
+            sd: vec![0.0; DECODE_ROWS * KEYS],
         }
     }
 }
