@@ -32,13 +32,22 @@ const KV: usize = KEYS / LANES;
 /// Runs one item of at most [`DECODE_ROWS`] rows: leaves the unnormalised
 /// output rows in `ws.orow` (row-major, `dv` apart) and returns each row's
 /// `(factor, lse)`.
-pub fn run_item<T: CpuElement>(ctx: &Ctx<'_, T>, item: &Item, ws: &mut Workspace, sinks: Option<&[f32]>) -> Vec<(f32, f32)> {
+pub fn run_item<T: CpuElement>(
+    ctx: &Ctx<'_, T>,
+    item: &Item,
+    ws: &mut Workspace,
+    sinks: Option<&[f32]>,
+) -> Vec<(f32, f32)> {
     let p = ctx.p;
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
     let rows = item.rows();
     assert!(rows <= DECODE_ROWS);
     // Query rows, scaled into base-2 units (natural units under soft-cap).
-    let qs = if p.options.softcap.is_some() { p.scale() } else { p.scale() * LOG2_E };
+    let qs = if p.options.softcap.is_some() {
+        p.scale()
+    } else {
+        p.scale() * LOG2_E
+    };
     for r in 0..DECODE_ROWS {
         let dst = &mut ws.qd[r * dk..(r + 1) * dk];
         if r < rows {
@@ -91,7 +100,13 @@ pub fn run_item<T: CpuElement>(ctx: &Ctx<'_, T>, item: &Item, ws: &mut Workspace
         let mut alpha = [1.0f32; DECODE_ROWS];
         for r in 0..rows {
             let srow = &mut ws.sd[r * KEYS..(r + 1) * KEYS];
-            let mx = srow[..n].iter().fold(m[r], |a, &x| if a.is_nan() || x.is_nan() { f32::NAN } else { a.max(x) });
+            let mx = srow[..n].iter().fold(m[r], |a, &x| {
+                if a.is_nan() || x.is_nan() {
+                    f32::NAN
+                } else {
+                    a.max(x)
+                }
+            });
             let shift = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
             alpha[r] = (m[r] - shift).exp2();
             let mut sum = V::ZERO;
@@ -154,7 +169,8 @@ fn scores(qd: &[f32], kt: &[f32], d: usize, sd: &mut [f32]) {
     let mut acc = [[V::ZERO; KV]; DECODE_ROWS];
     for e in 0..d {
         // SAFETY: row e of kt has KEYS floats (asserted).
-        let kv: [V; KV] = std::array::from_fn(|v| unsafe { load(kt.as_ptr().add(e * KEYS + v * LANES)) });
+        let kv: [V; KV] =
+            std::array::from_fn(|v| unsafe { load(kt.as_ptr().add(e * KEYS + v * LANES)) });
         for (r, row) in acc.iter_mut().enumerate() {
             let q = V::splat(qd[r * d + e]);
             for (a, &x) in row.iter_mut().zip(&kv) {
@@ -172,18 +188,33 @@ fn scores(qd: &[f32], kt: &[f32], d: usize, sd: &mut [f32]) {
 
 /// `o[r][c] = alpha[r] o[r][c] + sum_j p[r][j] v[j][c]` over `n` keys, 64
 /// columns (4 vectors x 4 rows = 16 accumulators) at a time.
-fn accumulate(sd: &[f32], v: &[f32], vs: usize, n: usize, dv: usize, alpha: &[f32; DECODE_ROWS], o: &mut [f32]) {
-    assert!(o.len() >= DECODE_ROWS * dv && sd.len() >= DECODE_ROWS * KEYS && (n == 0 || v.len() >= (n - 1) * vs + dv));
+fn accumulate(
+    sd: &[f32],
+    v: &[f32],
+    vs: usize,
+    n: usize,
+    dv: usize,
+    alpha: &[f32; DECODE_ROWS],
+    o: &mut [f32],
+) {
+    assert!(
+        o.len() >= DECODE_ROWS * dv
+            && sd.len() >= DECODE_ROWS * KEYS
+            && (n == 0 || v.len() >= (n - 1) * vs + dv)
+    );
     const CV: usize = 4;
     let mut c0 = 0;
     while c0 + CV * LANES <= dv {
         let mut acc: [[V; CV]; DECODE_ROWS] = std::array::from_fn(|r| {
             // SAFETY: c0 + 64 <= dv: inside row r of o (asserted).
-            std::array::from_fn(|c| unsafe { load(o.as_ptr().add(r * dv + c0 + c * LANES)) } * V::splat(alpha[r]))
+            std::array::from_fn(
+                |c| unsafe { load(o.as_ptr().add(r * dv + c0 + c * LANES)) } * V::splat(alpha[r]),
+            )
         });
         for j in 0..n {
             // SAFETY: value row j has dv >= c0 + 64 floats (asserted).
-            let x: [V; CV] = std::array::from_fn(|c| unsafe { load(v.as_ptr().add(j * vs + c0 + c * LANES)) });
+            let x: [V; CV] =
+                std::array::from_fn(|c| unsafe { load(v.as_ptr().add(j * vs + c0 + c * LANES)) });
             for (r, row) in acc.iter_mut().enumerate() {
                 let pj = V::splat(sd[r * KEYS + j]);
                 for (a, &xv) in row.iter_mut().zip(&x) {

@@ -138,7 +138,7 @@ fn run_block<T: CpuElement>(
             .map(|r| sm.finish(r, sinks.map(|v| v[it.row(r).1])))
             .collect()
     }
-    if it.rows() <= crate::decode::DECODE_ROWS && std::env::var_os("NODEC").is_none() {
+    if it.rows() <= crate::decode::DECODE_ROWS {
         crate::decode::run_item(ctx, it, ws, sinks)
     } else if it.rows() <= LANES {
         go::<T, 1>(ctx, it, ws, sinks)

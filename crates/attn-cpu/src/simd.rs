@@ -138,7 +138,8 @@ mod tests {
 
     #[test]
     fn transpose16_matches_the_definition() {
-        let m: [V; 16] = std::array::from_fn(|i| V::from(std::array::from_fn(|j| (i * 16 + j) as f32)));
+        let m: [V; 16] =
+            std::array::from_fn(|i| V::from(std::array::from_fn(|j| (i * 16 + j) as f32)));
         let t = transpose16(m);
         for (j, row) in t.iter().enumerate() {
             for (i, &x) in row.as_array().iter().enumerate() {
