@@ -26,7 +26,7 @@ pub fn pack_q<T: CpuElement>(
     rows: &mut [f32],
 ) {
     let n = item.rows();
-    assert!(qt.len() >= d * w && rows.len() >= LANES * d && w % LANES == 0);
+    assert!(qt.len() >= d * w && rows.len() >= LANES * d && w.is_multiple_of(LANES));
     let sv = V::splat(scale);
     for r0 in (0..w).step_by(LANES) {
         for i in 0..LANES {
@@ -85,7 +85,11 @@ pub fn gather_row<T: CpuElement>(
 /// sets.
 pub fn packed_stride(d: usize) -> usize {
     let lines = d.div_ceil(16);
-    16 * if lines % 2 == 0 { lines + 1 } else { lines }
+    16 * if lines.is_multiple_of(2) {
+        lines + 1
+    } else {
+        lines
+    }
 }
 
 /// Copies rows `j0..j0+n` (batch `b`, head `g`) into `dst` as f32 rows

@@ -90,7 +90,7 @@ impl<T: CpuElement> Sink<T> {
 /// 16) into row-major `rows x dv` with 16 x 16 register transposes, so
 /// each output row is then contiguous.
 fn transpose_out(ot: &[f32], dv: usize, rows: usize, orow: &mut [f32]) {
-    assert!(ot.len() >= dv * rows && orow.len() >= rows * dv && rows % LANES == 0);
+    assert!(ot.len() >= dv * rows && orow.len() >= rows * dv && rows.is_multiple_of(LANES));
     let mut c0 = 0;
     while c0 < dv {
         let w = LANES.min(dv - c0);

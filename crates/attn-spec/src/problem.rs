@@ -210,7 +210,7 @@ impl Problem {
                 return Err(AttnError::ZeroSize { what });
             }
         }
-        if s.q_heads % s.kv_heads != 0 {
+        if !s.q_heads.is_multiple_of(s.kv_heads) {
             return Err(AttnError::HeadsNotDivisible {
                 q_heads: s.q_heads,
                 kv_heads: s.kv_heads,
