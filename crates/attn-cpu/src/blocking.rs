@@ -12,11 +12,15 @@
 //!   cache bandwidth. Blocks of at most 16 rows (decoding: one position
 //!   times the GQA group) use 1 vector instead, so no lanes are wasted on
 //!   rows that do not exist.
-//! - [`KEYS`] = 64 keys per step. The `P V` microkernel re-reads the
-//!   probability tile (`KEYS x 64` f32 = 16 KiB) once per group of value
-//!   columns and walks one column group down the packed value tile, so
-//!   both must stay in L1 next to each other; 128 keys (32 KiB) measured
-//!   no faster and leaves no room in a 32 KiB L1.
+//! - [`KEYS`] = 128 keys per step: the softmax bookkeeping per tile (row
+//!   maxima, rescale factors, the accumulator reload in the `P V` kernel)
+//!   is amortised over twice the keys of a 64-key tile, which measured
+//!   about 10% faster at head dim 64 and 128 on this project's Zen 4
+//!   machine (`cargo run -p attn-benches --release --example perf`), even
+//!   though the probability tile (`128 x 64` f32 = 32 KiB) then lives in L2.
+//! - [`DECODE_KEYS`] = 64 keys per step of the decode path (keys on the
+//!   lanes): 4 rows x 4 key vectors = 16 accumulators; 128 keys would need
+//!   32 and spill.
 //! - [`mr`]: a microkernel keeps `mr x NV` accumulators. With 4 vectors of
 //!   rows, 6 keys (24 accumulators of 32 registers) cover the FMA latency
 //!   (4 cycles x 2 pipes = 8 chains) three times over and issue 6
@@ -40,7 +44,10 @@ pub const ROW_VECS: usize = 4;
 pub const ROWS: usize = ROW_VECS * LANES;
 
 /// Keys per step of the inner loop.
-pub const KEYS: usize = 64;
+pub const KEYS: usize = 128;
+
+/// Keys per step of the decode path.
+pub const DECODE_KEYS: usize = 64;
 
 /// Keys (for scores) or value columns (for `P V`) per microkernel call
 /// when a block has `nv` vectors of rows.

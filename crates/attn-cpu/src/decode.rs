@@ -12,7 +12,7 @@
 //! the per-element terms (soft-cap, ALiBi, bias, boolean mask, boundary
 //! masks) are applied row by row, which is cheap with so few rows.
 
-use crate::blocking::{KEYS, LANES};
+use crate::blocking::{DECODE_KEYS as KEYS, LANES};
 use crate::element::CpuElement;
 use crate::exp::exp2;
 use crate::pack::{gather_row, kv_rows, prefetch_rows};

@@ -17,7 +17,7 @@
 //! tiles, or problems with per-element terms (softcap, ALiBi, bias, boolean
 //! mask), go through [`transform`].
 
-use crate::blocking::{mr, KEYS, LANES, ROWS};
+use crate::blocking::{mr, DECODE_KEYS, KEYS, LANES, ROWS};
 use crate::decode::DECODE_ROWS;
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, scores};
@@ -103,8 +103,8 @@ impl Workspace {
             orow: vec![0.0; ROWS * dv],
             qrow: vec![0.0; LANES * dk],
             qd: vec![0.0; DECODE_ROWS * dk],
-            kt: vec![0.0; dk * KEYS],
-            sd: vec![0.0; DECODE_ROWS * KEYS],
+            kt: vec![0.0; dk * DECODE_KEYS],
+            sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
         }
     }
 }
