@@ -24,6 +24,20 @@ fn engine(kind: EngineKind, threads: usize) -> Option<Engine> {
 
 fn attention(c: &mut Criterion) {
     let env = BenchEnv::from_env();
+    let total: usize = EngineKind::compiled()
+        .iter()
+        .map(|&k| {
+            let ts = env
+                .threads
+                .iter()
+                .filter(|&&t| engine(k, t).is_some_and(|e| env.wants_backend(&e.name())));
+            let cases = SUITE
+                .iter()
+                .filter(|c| env.wants_case(c) && (k != EngineKind::Reference || c.small));
+            ts.count() * cases.count()
+        })
+        .sum();
+    let mut done = 0;
     for kind in EngineKind::compiled() {
         for &threads in &env.threads {
             let Some(engine) = engine(kind, threads) else {
@@ -36,6 +50,12 @@ fn attention(c: &mut Criterion) {
                 if kind == EngineKind::Reference && !case.small {
                     continue;
                 }
+                done += 1;
+                eprintln!(
+                    "[bench {done}/{total}] {} {} on {threads} thread(s)",
+                    engine.name(),
+                    case.name
+                );
                 let problem = case.problem();
                 let [q, k, v] = case.data();
                 let up = |d| engine.upload(d).expect("upload");
