@@ -204,7 +204,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Ok(version) => {
             println!("timing PyTorch {version} scaled_dot_product_attention ...");
             notes.push(format!("baseline: PyTorch {version} torch.nn.functional.scaled_dot_product_attention (CPU), median of up to 10 runs, [batch, heads, seq, dim] inputs; windows passed as boolean masks"));
-            match torch::run(&cases, &threads, secs, &out) {
+            let scratch = target_dir().join("attn-bench-torch");
+            let _ = std::fs::create_dir_all(&scratch);
+            match torch::run(&cases, &threads, secs, &scratch) {
                 Ok(times) => {
                     for t in times {
                         let Some(case) = cases.iter().find(|c| c.name == t.case) else {
