@@ -87,6 +87,10 @@ pub fn write(
 
 fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&Value>) -> String {
     let f = &m.facts;
+    let text = |k: &str| match &f[k] {
+        Value::String(v) => v.clone(),
+        other => other.to_string(),
+    };
     let mut s = String::new();
     let _ = writeln!(s, "# attn benchmark report\n");
     let _ = writeln!(s, "| machine | |\n|---|---|");
@@ -147,7 +151,13 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
                 r.gflops(),
                 100.0 * r.gflops() / m.peak(r.threads),
                 gbs,
-                if r.checked { "yes" } else { "**NO**" }
+                if r.checked {
+                    "yes"
+                } else if r.backend == "torch-sdpa" {
+                    "- (baseline)"
+                } else {
+                    "**NO**"
+                }
             );
         }
     }
