@@ -95,11 +95,11 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
     let _ = writeln!(s, "# attn benchmark report\n");
     let _ = writeln!(s, "| machine | |\n|---|---|");
     for (k, v) in [
-        ("CPU", f["cpu_model"].to_string()),
+        ("CPU", text("cpu_model")),
         ("cores", m.cores.to_string()),
         (
             "SIMD compiled / available",
-            format!("{} / {}", f["simd_compiled"], f["simd_available"]),
+            format!("{} / {}", text("simd_compiled"), text("simd_available")),
         ),
         (
             "FMA peak (f32)",
@@ -112,14 +112,18 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
             "memory bandwidth (triad)",
             format!("{:.1} GB/s one thread, {:.1} all cores", m.bw_1, m.bw_all),
         ),
-        ("rustc", f["rustc"].to_string()),
+        ("rustc", text("rustc")),
         (
             "commit",
-            format!("{} (dirty: {})", f["git_commit"], f["git_dirty"]),
+            format!(
+                "{} (uncommitted changes: {})",
+                text("git_commit"),
+                text("git_dirty")
+            ),
         ),
-        ("date", f["date"].to_string()),
+        ("date", text("date")),
     ] {
-        let _ = writeln!(s, "| {k} | {} |", v.trim_matches('"'));
+        let _ = writeln!(s, "| {k} | {v} |");
     }
     let _ = writeln!(
         s,
