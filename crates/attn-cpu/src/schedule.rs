@@ -210,38 +210,80 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
         );
         return;
     }
-    // Split keys: every (block, chunk) pair is an item; partial states are
-    // merged per block in chunk order.
-    let parts: Vec<(usize, Item)> = blocks
-        .iter()
-        .enumerate()
-        .flat_map(|(bi, it)| {
-            let span = p.seq_mask(it.b).kv_span(it.positions());
-            chunks(span)
-                .into_iter()
-                .map(move |keys| (bi, Item { keys, ..it.clone() }))
-        })
-        .collect();
-    let partial: Vec<(Vec<f32>, Vec<f32>)> = map_items(
-        par,
-        &parts,
-        || Workspace::new(dk, dv),
-        |ws, (_, it)| {
-            let finish = run_block(ctx, it, ws, None);
-            let mut o = ws.orow[..it.rows() * dv].to_vec();
-            let mut l = vec![0.0f32; it.rows()];
-            for (r, &(f, lse)) in finish.iter().enumerate() {
-                l[r] = lse;
-                o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= f);
-            }
-            (o, l)
-        },
-    );
+    // Split keys: partial states over fixed key chunks, merged per block in
+    // chunk order. Decode-shaped problems in the [batch, seq, heads, dim]
+    // layout run all heads of a batch entry in lockstep over each chunk
+    // (contiguous K/V rows); otherwise every (block, chunk) pair is an item.
+    let entries: Vec<(usize, Vec<f32>, Vec<f32>)> = if crate::decode::lockstep_ok(ctx, &blocks) {
+        let mut batches: Vec<usize> = blocks.iter().map(|it| it.b).collect();
+        batches.dedup();
+        let parts: Vec<(usize, std::ops::Range<usize>)> = batches
+            .iter()
+            .flat_map(|&b| {
+                let it = blocks.iter().find(|it| it.b == b).expect("a block of b");
+                let span = p.seq_mask(b).kv_span(it.positions());
+                chunks(span).into_iter().map(move |keys| (b, keys))
+            })
+            .collect();
+        let per_part = map_items(
+            par,
+            &parts,
+            || Workspace::new(dk, dv),
+            |ws, (b, keys)| {
+                let mine: Vec<(usize, &Item)> = blocks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, it)| it.b == *b)
+                    .collect();
+                let its: Vec<&Item> = mine.iter().map(|(_, it)| *it).collect();
+                let states = crate::decode::run_lockstep(ctx, &its, keys.clone(), ws);
+                mine.iter()
+                    .zip(states)
+                    .map(|(&(bi, it), st)| {
+                        let fin = st.finish(it, None);
+                        let mut o = st.o[..it.rows() * dv].to_vec();
+                        let l: Vec<f32> = fin.iter().map(|f| f.1).collect();
+                        for (r, &(f, _)) in fin.iter().enumerate() {
+                            o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= f);
+                        }
+                        (bi, o, l)
+                    })
+                    .collect::<Vec<_>>()
+            },
+        );
+        per_part.into_iter().flatten().collect()
+    } else {
+        let parts: Vec<(usize, Item)> = blocks
+            .iter()
+            .enumerate()
+            .flat_map(|(bi, it)| {
+                let span = p.seq_mask(it.b).kv_span(it.positions());
+                chunks(span)
+                    .into_iter()
+                    .map(move |keys| (bi, Item { keys, ..it.clone() }))
+            })
+            .collect();
+        map_items(
+            par,
+            &parts,
+            || Workspace::new(dk, dv),
+            |ws, (bi, it)| {
+                let finish = run_block(ctx, it, ws, None);
+                let mut o = ws.orow[..it.rows() * dv].to_vec();
+                let mut l = vec![0.0f32; it.rows()];
+                for (r, &(f, lse)) in finish.iter().enumerate() {
+                    l[r] = lse;
+                    o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= f);
+                }
+                (*bi, o, l)
+            },
+        )
+    };
     blocks.iter().enumerate().for_each(|(bi, it)| {
         let rows = it.rows();
         let mut o = vec![0.0f32; rows * dv];
         let mut l = vec![f32::NEG_INFINITY; rows];
-        for ((_, _), (po, pl)) in parts.iter().zip(&partial).filter(|((b, _), _)| *b == bi) {
+        for (_, po, pl) in entries.iter().filter(|(b, _, _)| *b == bi) {
             merge_states(&mut o, &mut l, po, pl).expect("partial states have matching sizes");
         }
         for r in 0..rows {
