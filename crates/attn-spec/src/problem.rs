@@ -238,22 +238,7 @@ impl Problem {
             ),
         ];
         for (tensor, view, want) in exact {
-            for a in 0..4 {
-                if view.dims[a] != want[a] {
-                    return Err(AttnError::Shape {
-                        tensor,
-                        axis: QKV_AXES[a],
-                        expected: want[a],
-                        got: view.dims[a],
-                    });
-                }
-            }
-            view.numel().ok_or(AttnError::Overflow {
-                what: "a tensor's element count",
-            })?;
-            view.extent().ok_or(AttnError::Overflow {
-                what: "a view's extent",
-            })?;
+            check_view(tensor, view, QKV_AXES, want, false)?;
         }
         if self.out.may_alias() {
             return Err(AttnError::Aliasing { tensor: "out" });
@@ -262,7 +247,13 @@ impl Problem {
         let bias = self.bias.as_ref().map(|d| ("bias", &d.view));
         let mask = self.mask.as_ref().map(|v| ("mask", v));
         for (tensor, view) in bias.into_iter().chain(mask) {
-            check_broadcast(tensor, view, full)?;
+            check_view(
+                tensor,
+                view,
+                ["batch", "heads", "q_len", "kv_len"],
+                full,
+                true,
+            )?;
         }
         if let Some(d) = &self.bias {
             if !d.dtype.is_float() {
@@ -446,15 +437,22 @@ pub struct Buffers {
     pub lse: Option<BufferInfo>,
 }
 
-fn check_broadcast(tensor: &'static str, view: &View, full: [usize; 4]) -> Result<()> {
-    const AXES: [&str; 4] = ["batch", "heads", "q_len", "kv_len"];
+/// Checks a view's dims against `want` (with `broadcast`, the first two
+/// axes may also be 1) and that its element count and extent fit `usize`.
+fn check_view(
+    tensor: &'static str,
+    view: &View,
+    axes: [&'static str; 4],
+    want: [usize; 4],
+    broadcast: bool,
+) -> Result<()> {
     for a in 0..4 {
-        let ok = view.dims[a] == full[a] || (a < 2 && view.dims[a] == 1);
+        let ok = view.dims[a] == want[a] || (broadcast && a < 2 && view.dims[a] == 1);
         if !ok {
             return Err(AttnError::Shape {
                 tensor,
-                axis: AXES[a],
-                expected: full[a],
+                axis: axes[a],
+                expected: want[a],
                 got: view.dims[a],
             });
         }
