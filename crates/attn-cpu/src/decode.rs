@@ -122,22 +122,18 @@ pub fn run_item<T: CpuElement>(
     st.finish(item, sinks)
 }
 
-/// Whether a problem's blocks run in lockstep over shared key tiles: the
-/// inputs are 16-bit (f16/bf16), every block is decode-sized, the blocks of
-/// a batch entry share their positions, and each key's rows of all
-/// key/value heads are one contiguous run (the `[batch, seq, heads, dim]`
-/// layout), small enough to stage.
+/// Whether a problem's blocks run in lockstep over shared key tiles: every
+/// block is decode-sized, the blocks of a batch entry share their
+/// positions, and each key's rows of all key/value heads are one contiguous
+/// run (the `[batch, seq, heads, dim]` layout), small enough to stage.
 ///
 /// Measured on this project's 2-core machine (GQA 32:8, d = 128, 32768
-/// keys): bf16 decoding took 52 ms per head-by-head and 24 ms in lockstep
-/// on one thread (33 and 18 ms on two); f32 gained nothing (47 ms either
-/// way on one thread) and lost at 4096 keys (2.2 vs 3.7 ms on two threads,
-/// fewer chunks to share), because f32 rows are read in place by the
-/// per-head path while 16-bit rows must be widened by either path anyway.
+/// keys, `cargo run -p attn-benches --release --example perf`): head by
+/// head, each item reads 512-byte slices of rows 4 KiB apart for 1024 keys
+/// (f32: 47 ms on one thread, 25 ms on two; bf16: 52 and 33 ms); tile by
+/// tile over all heads, each tile's rows are consumed whole while they are
+/// open (f32 in place: 35-40 and 20-22 ms; bf16 staged: 24-27 and 15-18 ms).
 pub fn lockstep_ok<T: CpuElement>(ctx: &Ctx<'_, T>, blocks: &[Item]) -> bool {
-    if T::as_f32(&[]).is_some() {
-        return false;
-    }
     let p = ctx.p;
     let s = p.shape;
     let contiguous = |v: &attn_spec::View, d: usize| {
@@ -163,12 +159,12 @@ const STAGE_BYTES: usize = 512 * 1024;
 
 /// Runs every block of one batch entry (`blocks`, all sharing positions)
 /// over the keys `keys`, tile by tile in lockstep: each tile's K and V rows
-/// of all heads are one contiguous run in memory, read once, sequentially,
-/// into a staging area (widened to f32), then every head computes from it.
-/// Streaming whole rows is what lets decoding approach memory bandwidth:
-/// reading each head's 256-512-byte slices of rows `heads * d` apart
-/// measured about 2.7x slower on this project's machine. Returns each
-/// block's state.
+/// of all heads are one contiguous run in memory; f32 rows are read in
+/// place by one head after the other, 16-bit rows are first widened, in
+/// one sequential pass, into a staging area. Consuming whole rows is what
+/// brings decoding towards memory bandwidth: a throwaway probe here read
+/// per-head 512-byte slices of rows 4 KiB apart at 6.7 GB/s per thread and
+/// contiguous rows at 18 GB/s. Returns each block's state.
 pub fn run_lockstep<T: CpuElement>(
     ctx: &Ctx<'_, T>,
     blocks: &[&Item],
@@ -190,7 +186,25 @@ pub fn run_lockstep<T: CpuElement>(
     while j0 < hi {
         let n = KEYS.min(hi - j0);
         let class = mask.classify(positions.clone(), j0..j0 + n);
-        if class != TileClass::Skip {
+        if class != TileClass::Skip && T::as_f32(ctx.k).is_some() {
+            // f32 rows are read in place, head after head over the same
+            // tile rows, so each tile's rows are consumed whole while
+            // they are open.
+            for (it, st) in blocks.iter().zip(states.iter_mut()) {
+                let g = (b, it.kvh);
+                let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
+                let (v, vs) = kv_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
+                step(
+                    ctx,
+                    it,
+                    st,
+                    (&mut ws.kt, &mut ws.sd),
+                    (j0, n, class),
+                    (k, ks),
+                    (v, vs),
+                );
+            }
+        } else if class != TileClass::Skip {
             let (sk, sv) = ws.stage.split_at_mut(KEYS * wk);
             for j in 0..n {
                 let at = p.k.index([b, j0 + j, 0, 0]);

@@ -28,11 +28,12 @@ fn bad_input_gives_typed_errors() {
     errors::all(&Cpu::new()).unwrap();
 }
 
-/// Long key sequences take the split-KV path (decode shapes); it must pass
-/// the same check, with sinks, windows and per-sequence lengths.
+/// Long key sequences take the split-KV paths (decode shapes: per head and
+/// in lockstep); they must pass the same check, with sinks, windows and
+/// per-sequence lengths.
 #[test]
 fn split_kv_decoding_passes() {
-    for (opts, dtype) in [
+    let cases = [
         (AttnOptions::default(), DType::F32),
         (AttnOptions::default().causal().with_lse(), DType::Bf16),
         (
@@ -46,10 +47,15 @@ fn split_kv_decoding_passes() {
             AttnOptions::default().kv_lens(vec![3000, 0]).with_lse(),
             DType::F32,
         ),
-    ] {
+    ];
+    for (bhsd, (opts, dtype)) in [false, true]
+        .into_iter()
+        .flat_map(|b| cases.clone().map(|c| (b, c)))
+    {
         let mut params = CaseParams::plain(Shape::new(2, 8, 2, 1, 3500, 64));
         params.options = opts;
         params.dtype = dtype;
+        params.bhsd = bhsd;
         params.seed = 9;
         let case = Case::build(params);
         assert_eq!(
@@ -65,15 +71,19 @@ fn split_kv_decoding_passes() {
 /// path and both split-KV paths.
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
-    // Prefill, split-KV per head (f32), split-KV in lockstep (bf16).
+    // Prefill; split-KV per head (one K/V head, or [b, h, s, d]); split-KV
+    // in lockstep (f32 in place, bf16 staged).
     let shapes = [
-        (Shape::new(2, 4, 2, 200, 333, 40), DType::F32),
-        (Shape::new(1, 8, 2, 1, 5000, 64), DType::F32),
-        (Shape::new(2, 8, 2, 1, 5000, 64), DType::Bf16),
+        (Shape::new(2, 4, 2, 200, 333, 40), DType::F32, false),
+        (Shape::new(1, 4, 1, 1, 5000, 64), DType::F32, false),
+        (Shape::new(1, 8, 2, 1, 5000, 64), DType::F16, true),
+        (Shape::new(1, 8, 2, 1, 5000, 64), DType::F32, false),
+        (Shape::new(2, 8, 2, 1, 5000, 64), DType::Bf16, false),
     ];
-    for (shape, dtype) in shapes {
+    for (shape, dtype, bhsd) in shapes {
         let mut params = CaseParams::plain(shape);
         params.dtype = dtype;
+        params.bhsd = bhsd;
         params.options = AttnOptions::default().causal().with_lse();
         params.seed = 5;
         let case = Case::build(params);
