@@ -157,8 +157,10 @@ pub fn sink<B: Backend>(backend: &B) -> Result<(), String> {
     )
 }
 
-/// NaN propagates to the rows it touches and nowhere else: a NaN query
-/// makes its row NaN, a NaN key that no row can see changes nothing.
+/// NaN propagates to the rows it touches: a NaN query makes its row (and
+/// log-sum-exp) NaN and leaves the other rows alone. Whether a NaN stored
+/// only at excluded positions reaches a row is not part of the contract
+/// (docs/SEMANTICS.md section 6), so it is not tested.
 pub fn nan_propagates<B: Backend>(backend: &B) -> Result<(), String> {
     // Causal top-left, 2 queries, 3 keys: row 0 sees key 0, row 1 keys 0-1.
     let nan = f64::NAN;
@@ -173,14 +175,7 @@ pub fn nan_propagates<B: Backend>(backend: &B) -> Result<(), String> {
         vec![1.0, 2.0, nan, nan],
         vec![s, nan],
         "nan_query",
-    )?;
-    let mut k = [0.5; 6];
-    k[4] = nan;
-    let mut c = explicit(2, 3, 2, &[1.0; 4], &k, &v);
-    c.problem.options = AttnOptions::default().causal().top_left().with_lse();
-    let got = run(backend, &c)?;
-    let lse = vec![s, s + 2f64.ln()];
-    expect(&c, &got, vec![1.0, 2.0, 2.0, 3.0], lse, "nan_invisible_key")
+    )
 }
 
 /// All hand-computed cases.

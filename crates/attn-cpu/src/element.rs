@@ -4,7 +4,7 @@
 use attn_spec::{bf16, f16, Element, HostData};
 use half::slice::HalfFloatSliceExt;
 
-/// An element type attn-cpu computes on.
+/// An element type attn-cpu computes on: f32, f16 and bf16.
 pub trait CpuElement: Element {
     /// The slice itself when it already is f32 (no conversion needed).
     fn as_f32(s: &[Self]) -> Option<&[f32]>;

@@ -28,12 +28,12 @@ mod softmax;
 mod tiling;
 mod work;
 
+pub use element::CpuElement;
 pub use simd::{compiled_level, detected_level, simd_warning};
 
 use attn_spec::{
     check_call, AttnError, Backend, BufferInfo, DType, HostData, Inputs, Problem, Result,
 };
-use element::CpuElement;
 use std::sync::Arc;
 use tiling::Ctx;
 
@@ -145,6 +145,64 @@ fn forward_typed<T: CpuElement>(
     let sink = schedule::Sink::new(out, lse);
     schedule::run_all(&ctx, &sink, par);
     Ok(())
+}
+
+impl Cpu {
+    /// Attention on borrowed, typed host slices: Q, K and V are not copied.
+    /// The entry point for frameworks that own their storage (attn-candle);
+    /// `problem`'s views index into these slices exactly as they would into
+    /// host buffers. `bias` and `mask` are host buffers as in
+    /// [`Backend::forward_into`].
+    pub fn forward_slices<T: CpuElement>(
+        &self,
+        problem: &Problem,
+        (q, k, v): (&[T], &[T], &[T]),
+        (bias, mask): (Option<&HostData>, Option<&HostData>),
+        out: &mut [T],
+        lse: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let info = |len: usize| BufferInfo {
+            dtype: T::DTYPE,
+            len,
+        };
+        if problem.options.return_lse && lse.is_none() {
+            return Err(AttnError::Missing {
+                tensor: "lse",
+                what: "options.return_lse is set but no buffer was given",
+            });
+        }
+        let buffers = attn_spec::Buffers {
+            q: info(q.len()),
+            k: info(k.len()),
+            v: info(v.len()),
+            bias: bias.map(|b| self.info(b)),
+            mask: mask.map(|m| self.info(m)),
+            out: Some(info(out.len())),
+            lse: lse.as_ref().map(|l| BufferInfo {
+                dtype: DType::F32,
+                len: l.len(),
+            }),
+        };
+        problem.validate_buffers(&buffers)?;
+        self.supports(problem)?;
+        let par = self.parallel(problem.flops());
+        let mask = match (mask, &problem.mask) {
+            (Some(HostData::Bool(m)), Some(view)) => Some((m.as_slice(), *view)),
+            _ => None,
+        };
+        self.install(par, || {
+            let ctx = Ctx {
+                p: problem,
+                q,
+                k,
+                v,
+                bias: bias.zip(problem.bias.map(|d| d.view)),
+                mask,
+            };
+            schedule::run_all(&ctx, &schedule::Sink::new(out, lse), par);
+        });
+        Ok(())
+    }
 }
 
 impl Backend for Cpu {

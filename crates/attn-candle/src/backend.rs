@@ -1,0 +1,240 @@
+//! candle as an attn backend: buffers are flat candle tensors on one
+//! device, and two engines compute: the fused custom op and the plain
+//! composition of candle operations.
+
+use crate::op::{AttnOp, OpProblem};
+use crate::plain;
+use attn_spec::{
+    check_call, reference::check_linear, AttnError, Backend, BufferInfo, DType, HostData, Inputs,
+    Problem, Result,
+};
+use candle_core::{DType as CDType, Device, Tensor};
+use std::sync::Mutex;
+
+/// Which computation a [`CandleBackend`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CandleEngine {
+    /// attn's fused kernel as a candle custom op.
+    Fused,
+    /// The plain composition: matmul, scale, mask, softmax, matmul.
+    Plain,
+}
+
+/// An attn backend over candle tensors on `device`.
+#[derive(Clone, Debug)]
+pub struct CandleBackend {
+    /// The engine.
+    pub engine: CandleEngine,
+    /// The device tensors live on.
+    pub device: Device,
+}
+
+impl CandleBackend {
+    /// The fused engine on candle's CPU device.
+    pub fn fused_cpu() -> Self {
+        CandleBackend {
+            engine: CandleEngine::Fused,
+            device: Device::Cpu,
+        }
+    }
+
+    /// The plain-composition engine on candle's CPU device.
+    pub fn plain_cpu() -> Self {
+        CandleBackend {
+            engine: CandleEngine::Plain,
+            device: Device::Cpu,
+        }
+    }
+
+    fn err(&self, e: candle_core::Error) -> AttnError {
+        AttnError::Backend {
+            backend: self.name(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// attn's element type of a candle dtype (u8 tensors hold boolean masks).
+pub fn attn_dtype(d: CDType) -> Option<DType> {
+    Some(match d {
+        CDType::F32 => DType::F32,
+        CDType::F16 => DType::F16,
+        CDType::BF16 => DType::Bf16,
+        CDType::F64 => DType::F64,
+        CDType::U8 => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// candle's dtype for an attn element type.
+pub fn candle_dtype(d: DType) -> CDType {
+    match d {
+        DType::F32 => CDType::F32,
+        DType::F16 => CDType::F16,
+        DType::Bf16 => CDType::BF16,
+        DType::F64 => CDType::F64,
+        DType::Bool => CDType::U8,
+    }
+}
+
+impl Backend for CandleBackend {
+    type Buffer = Tensor;
+
+    fn name(&self) -> String {
+        match self.engine {
+            CandleEngine::Fused => "candle-fused".into(),
+            CandleEngine::Plain => "candle-plain".into(),
+        }
+    }
+
+    fn upload(&self, data: &HostData) -> Result<Tensor> {
+        let d = &self.device;
+        let t = match data {
+            HostData::F32(v) => Tensor::from_vec(v.clone(), v.len(), d),
+            HostData::F16(v) => Tensor::from_vec(v.clone(), v.len(), d),
+            HostData::Bf16(v) => Tensor::from_vec(v.clone(), v.len(), d),
+            HostData::F64(v) => Tensor::from_vec(v.clone(), v.len(), d),
+            HostData::Bool(v) => Tensor::from_vec(
+                v.iter().map(|&b| u8::from(b)).collect::<Vec<u8>>(),
+                v.len(),
+                d,
+            ),
+        };
+        t.map_err(|e| self.err(e))
+    }
+
+    fn download(&self, t: &Tensor) -> Result<HostData> {
+        let flat = t.flatten_all().map_err(|e| self.err(e))?;
+        let r = match flat.dtype() {
+            CDType::F32 => flat.to_vec1().map(HostData::F32),
+            CDType::F16 => flat.to_vec1().map(HostData::F16),
+            CDType::BF16 => flat.to_vec1().map(HostData::Bf16),
+            CDType::F64 => flat.to_vec1().map(HostData::F64),
+            CDType::U8 => flat
+                .to_vec1::<u8>()
+                .map(|v| HostData::Bool(v.into_iter().map(|x| x != 0).collect())),
+            other => {
+                return Err(AttnError::Unsupported {
+                    backend: self.name(),
+                    feature: format!("{other:?} tensors"),
+                    reason: "attn computes on f32, f16, bf16 (f64 for the oracle) and bool masks"
+                        .into(),
+                })
+            }
+        };
+        r.map_err(|e| self.err(e))
+    }
+
+    fn zeros(&self, dtype: DType, len: usize) -> Result<Tensor> {
+        Tensor::zeros(len, candle_dtype(dtype), &self.device).map_err(|e| self.err(e))
+    }
+
+    fn info(&self, t: &Tensor) -> BufferInfo {
+        BufferInfo {
+            // Unknown candle dtypes report as bool so validation names them.
+            dtype: attn_dtype(t.dtype()).unwrap_or(DType::Bool),
+            len: t.elem_count(),
+        }
+    }
+
+    fn supports(&self, p: &Problem) -> Result<()> {
+        if !matches!(p.dtype, DType::F32 | DType::F16 | DType::Bf16) {
+            return Err(AttnError::Unsupported {
+                backend: self.name(),
+                feature: format!("{} inputs", p.dtype),
+                reason: "candle engines compute on f32, f16 and bf16".into(),
+            });
+        }
+        if !self.device.is_cpu() {
+            return Err(AttnError::Unsupported {
+                backend: self.name(),
+                feature: "non-CPU candle devices".into(),
+                reason: "the CUDA path needs attn-cuda, which does not exist yet".into(),
+            });
+        }
+        match self.engine {
+            CandleEngine::Fused => Ok(()),
+            CandleEngine::Plain => plain::supports(p).map_err(|reason| AttnError::Unsupported {
+                backend: self.name(),
+                feature: "this problem".into(),
+                reason,
+            }),
+        }
+    }
+
+    fn forward_into(
+        &self,
+        problem: &Problem,
+        inputs: Inputs<'_, Tensor>,
+        out: &mut Tensor,
+        lse: Option<&mut Tensor>,
+    ) -> Result<()> {
+        check_call(self, problem, &inputs, out, lse.as_deref())?;
+        let (o, l) = match self.engine {
+            CandleEngine::Fused => {
+                let extras = (
+                    inputs.bias.map(|b| self.download(b)).transpose()?,
+                    inputs.mask.map(|m| self.download(m)).transpose()?,
+                );
+                let op = AttnOp {
+                    problem: OpProblem::Given(Box::new(problem.clone())),
+                    extras,
+                    lse: Mutex::new(None),
+                };
+                let o = inputs
+                    .q
+                    .apply_op3_no_bwd(inputs.k, inputs.v, &op)
+                    .map_err(|e| self.err(e))?;
+                let l = op.lse.lock().ok().and_then(|mut g| g.take());
+                let l = l
+                    .map(|l| Tensor::from_vec(l.clone(), l.len(), &self.device))
+                    .transpose()
+                    .map_err(|e| self.err(e))?;
+                (o, l)
+            }
+            CandleEngine::Plain => {
+                plain::forward(problem, inputs, &self.device).map_err(|e| self.err(e))?
+            }
+        };
+        *out = place(out, o).map_err(|e| self.err(e))?;
+        if let (Some(dst), Some(l)) = (lse, l) {
+            *dst = place(dst, l).map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    fn linear(
+        &self,
+        x: &Tensor,
+        rows: usize,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        in_features: usize,
+        out_features: usize,
+    ) -> Result<Tensor> {
+        check_linear(self, x, rows, w, bias, in_features, out_features)?;
+        let run = || -> candle_core::Result<Tensor> {
+            let x2 = x.reshape((rows, in_features))?;
+            let w2 = w.reshape((out_features, in_features))?;
+            let mut y = x2.matmul(&w2.t()?)?;
+            if let Some(b) = bias {
+                y = y.broadcast_add(&b.reshape((1, out_features))?)?;
+            }
+            y.flatten_all()
+        };
+        run().map_err(|e| self.err(e))
+    }
+}
+
+/// `src` written over the first elements of `dst` (the rest of `dst`
+/// unchanged), as a new flat tensor.
+fn place(dst: &Tensor, src: Tensor) -> candle_core::Result<Tensor> {
+    let n = src.elem_count();
+    if n == dst.elem_count() {
+        Ok(src)
+    } else {
+        #[allow(clippy::single_range_in_vec_init)] // one range per axis; the buffer is 1-D
+        let ranges = [0..n];
+        dst.slice_assign(&ranges, &src)
+    }
+}

@@ -1,0 +1,166 @@
+//! The fused attention as a candle custom op (`CustomOp3` over Q, K, V).
+//!
+//! `cpu_fwd` receives candle's storage and layouts; the layouts' strides
+//! and offsets become attn views, so attn-cpu reads Q, K and V where they
+//! are, contiguous or not: no input is ever copied. The output is written
+//! once, in the layout the problem describes. The log-sum-exp, when asked
+//! for, is a second result that a candle op cannot return; it is handed
+//! back through the op value.
+
+use attn_cpu::{Cpu, CpuElement};
+use attn_spec::{AttnError, HostData, Problem};
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, WithDType};
+use std::cell::Cell;
+use std::sync::Mutex;
+
+/// How the op finds its problem.
+#[derive(Debug)]
+pub enum OpProblem {
+    /// Q, K, V are `[batch, seq, heads, dim]` tensors: shapes and strides
+    /// come from their layouts; the output is contiguous `[batch, q_len,
+    /// q_heads, head_dim_v]`.
+    FromLayouts(attn_spec::AttnOptions),
+    /// Q, K, V are flat buffers and the problem's views index into them
+    /// (the attn `Backend` path); the output is a flat buffer of the
+    /// output view's extent.
+    Given(Box<Problem>),
+}
+
+/// The attention custom op.
+#[derive(Debug)]
+pub struct AttnOp {
+    /// The problem source.
+    pub problem: OpProblem,
+    /// Host copies of the bias and boolean mask, if the problem has them
+    /// (these small tensors are copied once; Q, K and V never are).
+    pub extras: (Option<HostData>, Option<HostData>),
+    /// The log-sum-exp of the last run, when the options ask for it.
+    pub lse: Mutex<Option<Vec<f32>>>,
+}
+
+thread_local! {
+    static LAST_Q_PTR: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Address of the Q data the last `cpu_fwd` on this thread computed from:
+/// lets tests prove that a contiguous tensor is read in place.
+pub fn last_q_ptr() -> usize {
+    LAST_Q_PTR.with(Cell::get)
+}
+
+/// attn's error as a candle error, message kept.
+pub fn to_candle(e: AttnError) -> candle_core::Error {
+    candle_core::Error::Msg(format!("attn: {e}"))
+}
+
+fn view_of(l: &Layout) -> candle_core::Result<attn_spec::View> {
+    let dims = l.dims();
+    if dims.len() != 4 {
+        candle_core::bail!(
+            "attn: expected a rank-4 [batch, seq, heads, dim] tensor, got shape {:?}",
+            dims
+        );
+    }
+    let st = l.stride();
+    Ok(attn_spec::View {
+        dims: [dims[0], dims[1], dims[2], dims[3]],
+        strides: [st[0], st[1], st[2], st[3]],
+        offset: l.start_offset(),
+    })
+}
+
+impl AttnOp {
+    fn problem(&self, dtype: attn_spec::DType, l: [&Layout; 3]) -> candle_core::Result<Problem> {
+        match &self.problem {
+            OpProblem::Given(p) => {
+                let mut p = (**p).clone();
+                p.q.offset += l[0].start_offset();
+                p.k.offset += l[1].start_offset();
+                p.v.offset += l[2].start_offset();
+                Ok(p)
+            }
+            OpProblem::FromLayouts(opts) => {
+                let (q, k, v) = (view_of(l[0])?, view_of(l[1])?, view_of(l[2])?);
+                let shape = attn_spec::Shape::new(
+                    q.dims[0], q.dims[2], k.dims[2], q.dims[1], k.dims[1], q.dims[3],
+                )
+                .with_head_dim_v(v.dims[3]);
+                let mut p = Problem::new(shape, dtype).with_options(opts.clone());
+                (p.q, p.k, p.v) = (q, k, v);
+                Ok(p)
+            }
+        }
+    }
+
+    fn run<T: CpuElement + WithDType>(
+        &self,
+        (q, k, v): (&[T], &[T], &[T]),
+        l: [&Layout; 3],
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let p = self.problem(<T as attn_spec::Element>::DTYPE, l)?;
+        LAST_Q_PTR.with(|c| c.set(q.as_ptr() as usize));
+        let n = p.out.extent().ok_or_else(|| {
+            to_candle(AttnError::Overflow {
+                what: "output extent",
+            })
+        })?;
+        let mut out = vec![<T as attn_spec::Element>::from_f64(0.0); n];
+        let mut lse = p
+            .options
+            .return_lse
+            .then(|| vec![0.0f32; p.lse_view().extent().unwrap_or(0)]);
+        Cpu::new()
+            .forward_slices(
+                &p,
+                (q, k, v),
+                (self.extras.0.as_ref(), self.extras.1.as_ref()),
+                &mut out,
+                lse.as_deref_mut(),
+            )
+            .map_err(to_candle)?;
+        if let Some(l) = lse {
+            *self
+                .lse
+                .lock()
+                .map_err(|_| candle_core::Error::Msg("attn: lse lock poisoned".into()))? = Some(l);
+        }
+        let shape = match &self.problem {
+            OpProblem::FromLayouts(_) => Shape::from(p.out.dims.to_vec()),
+            OpProblem::Given(_) => Shape::from(n),
+        };
+        Ok((T::to_cpu_storage_owned(out), shape))
+    }
+}
+
+impl CustomOp3 for AttnOp {
+    fn name(&self) -> &'static str {
+        "attn-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        use CpuStorage as S;
+        let l = [l1, l2, l3];
+        match (s1, s2, s3) {
+            (S::F32(q), S::F32(k), S::F32(v)) => self.run((q, k, v), l),
+            (S::F16(q), S::F16(k), S::F16(v)) => self.run((q, k, v), l),
+            (S::BF16(q), S::BF16(k), S::BF16(v)) => self.run((q, k, v), l),
+            _ => {
+                use candle_core::backend::BackendStorage;
+                candle_core::bail!(
+                    "attn: q, k and v must share one of f32, f16, bf16; got {:?}, {:?}, {:?}",
+                    s1.dtype(),
+                    s2.dtype(),
+                    s3.dtype()
+                )
+            }
+        }
+    }
+}
