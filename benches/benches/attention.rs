@@ -9,6 +9,7 @@
 #![allow(missing_docs)]
 
 use attn::{Backend, Engine, EngineKind, Inputs};
+use attn_benches::candle_backends::CandleKind;
 use attn_benches::{bench_id, BenchEnv, SUITE};
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
@@ -36,7 +37,18 @@ fn attention(c: &mut Criterion) {
                 .filter(|c| env.wants_case(c) && (k != EngineKind::Reference || c.small));
             ts.count() * cases.count()
         })
-        .sum();
+        .sum::<usize>()
+        + CandleKind::ALL
+            .iter()
+            .filter(|k| env.wants_backend(k.name()))
+            .map(|k| {
+                env.threads.len()
+                    * SUITE
+                        .iter()
+                        .filter(|c| env.wants_case(c) && k.applies(c))
+                        .count()
+            })
+            .sum::<usize>();
     let mut done = 0;
     for kind in EngineKind::compiled() {
         for &threads in &env.threads {
@@ -74,6 +86,40 @@ fn attention(c: &mut Criterion) {
                             )
                             .expect("forward")
                     })
+                });
+            }
+        }
+    }
+    candle(c, &env, &mut done, total);
+}
+
+/// The candle backends and baselines, each inside a pool of the thread
+/// count (candle's CPU kernels and attn's run on the current rayon pool).
+fn candle(c: &mut Criterion, env: &BenchEnv, done: &mut usize, total: usize) {
+    for kind in CandleKind::ALL {
+        if !env.wants_backend(kind.name()) {
+            continue;
+        }
+        for &threads in &env.threads {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("thread pool");
+            for case in SUITE
+                .iter()
+                .filter(|c| env.wants_case(c) && kind.applies(c))
+            {
+                *done += 1;
+                eprintln!(
+                    "[bench {done}/{total}] {} {} on {threads} thread(s)",
+                    kind.name(),
+                    case.name
+                );
+                let Ok(mut run) = kind.prepare(case) else {
+                    continue;
+                };
+                c.bench_function(&bench_id(kind.name(), case, threads), |b| {
+                    b.iter(|| pool.install(|| run(false).expect("run")))
                 });
             }
         }

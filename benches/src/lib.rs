@@ -2,6 +2,7 @@
 //! criterion benches, `cargo xtask bench` and the report share, and the
 //! helpers that build each case's problem and data.
 
+pub mod candle_backends;
 pub mod machine;
 
 use attn_spec::{AttnOptions, DType, HostData, MaskKind, Problem, Shape};

@@ -8,6 +8,7 @@ use crate::machine::{measure, Machine};
 use crate::report::{fmt_time, Record};
 use crate::{charts, check, report, root, target_dir, torch};
 use attn::{Engine, EngineKind};
+use attn_benches::candle_backends::CandleKind;
 use attn_benches::{bench_id, BenchCase, MEMORY_CASE, SUITE};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -138,6 +139,39 @@ pub fn run(args: &[String]) -> Result<(), String> {
         checks.insert((name, case.name), r);
     }
 
+    // 1b. The candle backends and baselines.
+    let candle_kinds: Vec<CandleKind> = CandleKind::ALL
+        .into_iter()
+        .filter(|k| o.backends.is_empty() || o.backends.iter().any(|b| b == k.name()))
+        .collect();
+    let cjobs: Vec<(CandleKind, &BenchCase)> = candle_kinds
+        .iter()
+        .flat_map(|&k| {
+            cases
+                .iter()
+                .filter(move |c| k.applies(c))
+                .map(move |&c| (k, c))
+        })
+        .collect();
+    for (n, (kind, case)) in cjobs.iter().enumerate() {
+        print!(
+            "[check {}/{}] {} {} ... ",
+            n + 1,
+            cjobs.len(),
+            kind.name(),
+            case.name
+        );
+        let r = kind
+            .prepare(case)
+            .and_then(|mut run| run(true))
+            .and_then(|out| check::check_output(case, &out.ok_or("no output")?));
+        match &r {
+            Ok(note) => println!("ok ({note})"),
+            Err(err) => println!("MISMATCH: {err}"),
+        }
+        checks.insert((kind.name().to_string(), case.name), r);
+    }
+
     // 2. Timing with criterion.
     let secs = if o.quick { 0.5 } else { 2.0 };
     let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
@@ -176,6 +210,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
         for case in &cases {
             for &t in &threads {
                 if b == "reference" && (!case.small || t != 1) {
+                    continue;
+                }
+                if CandleKind::ALL
+                    .iter()
+                    .any(|k| k.name() == b && !k.applies(case))
+                {
                     continue;
                 }
                 let Ok((median, spread)) = estimates(&bench_id(b, case, t)) else {
@@ -231,7 +271,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             notes.push(format!("PyTorch baseline skipped: {why}"));
         }
     }
-    notes.push("candle baselines: pending (attn-candle does not exist yet)".into());
+    notes.push("candle: `candle-attn` is attn's fused kernel on candle tensors (attn-candle), `candle-plain` the plain candle composition (matmul, scale, mask, softmax, matmul; only where the score matrix fits in 256 MiB), `candle-nn-flash` candle-nn 0.11's fused CPU attention (`candle_nn::attention::flash_attn`; windows as an additive mask, batch 1 only)".into());
 
     // 4. The long-context memory case (full runs only).
     let memory =

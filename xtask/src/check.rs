@@ -24,6 +24,15 @@ pub fn check(engine: &Engine, case: &BenchCase) -> Result<String, String> {
         .forward(&problem, Inputs::new(&qb, &kb, &vb))
         .map_err(|e| e.to_string())?;
     let out = engine.download(&o.out).map_err(|e| e.to_string())?;
+    check_output(case, &out)
+}
+
+/// Checks an output of `case` (`[batch, q_len, q_heads, dim]`, any float
+/// type) against the f64 reference.
+pub fn check_output(case: &BenchCase, out: &HostData) -> Result<String, String> {
+    let problem = case.problem();
+    let [q, k, v] = case.data();
+    let out = out.clone();
     let full = Case {
         params: CaseParams {
             dtype: case.dtype,
