@@ -175,11 +175,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // 2. Timing with criterion.
     let secs = if o.quick { 0.5 } else { 2.0 };
     let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
-    let backend_names: Vec<String> = kinds
+    let mut backend_names: Vec<String> = kinds
         .iter()
         .filter_map(|k| engine(*k, 1))
         .map(|e| attn::Backend::name(&e))
         .collect();
+    backend_names.extend(candle_kinds.iter().map(|k| k.name().to_string()));
     println!(
         "timing {} case(s) x {} backend(s) x threads {:?} with criterion ...",
         cases.len(),
