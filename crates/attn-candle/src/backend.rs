@@ -2,7 +2,7 @@
 //! device, and two engines compute: the fused custom op and the plain
 //! composition of candle operations.
 
-use crate::op::{AttnOp, OpProblem};
+use crate::op::{host_data, AttnOp, OpProblem};
 use crate::plain;
 use attn_spec::{
     check_call, reference::check_linear, AttnError, Backend, BufferInfo, DType, HostData, Inputs,
@@ -104,25 +104,15 @@ impl Backend for CandleBackend {
     }
 
     fn download(&self, t: &Tensor) -> Result<HostData> {
-        let flat = t.flatten_all().map_err(|e| self.err(e))?;
-        let r = match flat.dtype() {
-            CDType::F32 => flat.to_vec1().map(HostData::F32),
-            CDType::F16 => flat.to_vec1().map(HostData::F16),
-            CDType::BF16 => flat.to_vec1().map(HostData::Bf16),
-            CDType::F64 => flat.to_vec1().map(HostData::F64),
-            CDType::U8 => flat
-                .to_vec1::<u8>()
-                .map(|v| HostData::Bool(v.into_iter().map(|x| x != 0).collect())),
-            other => {
-                return Err(AttnError::Unsupported {
-                    backend: self.name(),
-                    feature: format!("{other:?} tensors"),
-                    reason: "attn computes on f32, f16, bf16 (f64 for the oracle) and bool masks"
-                        .into(),
-                })
-            }
-        };
-        r.map_err(|e| self.err(e))
+        host_data(t).map_err(|e| match attn_dtype(t.dtype()) {
+            None => AttnError::Unsupported {
+                backend: self.name(),
+                feature: format!("{:?} tensors", t.dtype()),
+                reason: "attn computes on f32, f16, bf16 (f64 for the oracle) and bool masks"
+                    .into(),
+            },
+            Some(_) => self.err(e),
+        })
     }
 
     fn zeros(&self, dtype: DType, len: usize) -> Result<Tensor> {

@@ -12,10 +12,17 @@
 //!   compares against. Both pass attn's conformance suite on candle's CPU
 //!   device.
 //!
-//! Not yet here (see the project's issue): CUDA tensors (the custom op's
-//! `cuda_fwd`, which will run attn-cuda), a candle `MultiHeadAttention` with
-//! a key/value cache, the example, and the candle baselines in the bench
-//! report.
+//! - [`attention_ext`]: the same with a bias and a boolean mask tensor
+//!   ([`Extras`]).
+//! - [`MultiHeadAttention`]: a layer with candle-tensor weights
+//!   (projections by candle's matmul) and a [`KvCache`] for incremental
+//!   decoding (append, then attend with `q_len < kv_len`, causal aligned
+//!   bottom-right). `examples/transformer_block.rs` runs a small
+//!   transformer block through it.
+//!
+//! Not yet here: CUDA tensors (the custom op's `cuda_fwd`, which will run
+//! attn-cuda's kernel once that crate exists); on a CUDA device the op
+//! returns candle's "no cuda implementation" error.
 //!
 //! ```
 //! use attn_candle::attention;
@@ -30,15 +37,29 @@
 //! ```
 
 mod backend;
+mod mha;
 pub mod op;
 mod plain;
 
 pub use attn_spec::AttnOptions;
+pub use attn_spec::{MhaConfig, MhaWeights};
 pub use backend::{CandleBackend, CandleEngine};
+pub use mha::{KvCache, MultiHeadAttention};
 
 use candle_core::{Result, Tensor};
 use op::{AttnOp, OpProblem};
 use std::sync::Mutex;
+
+/// Optional inputs of [`attention_ext`], each `[batch or 1, q_heads or 1,
+/// q_len, kv_len]` (a size-1 axis broadcasts). They are copied to the host
+/// once per call (they are small next to K and V, which never are).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras<'a> {
+    /// Additive bias added to the scaled scores, any float dtype.
+    pub bias: Option<&'a Tensor>,
+    /// Boolean mask, u8 (nonzero = the pair takes part).
+    pub mask: Option<&'a Tensor>,
+}
 
 /// Scaled dot-product attention on `[batch, seq, heads, dim]` tensors
 /// (query heads a multiple of key/value heads). Returns `[batch, q_len,
@@ -46,12 +67,7 @@ use std::sync::Mutex;
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, options: &AttnOptions) -> Result<Tensor> {
     let mut o = options.clone();
     o.return_lse = false;
-    let op = AttnOp {
-        problem: OpProblem::FromLayouts(o),
-        extras: (None, None),
-        lse: Mutex::new(None),
-    };
-    q.apply_op3_no_bwd(k, v, &op)
+    Ok(attention_ext(q, k, v, Extras::default(), &o)?.0)
 }
 
 /// [`attention`] that also returns the log-sum-exp of each row, `[batch,
@@ -64,12 +80,56 @@ pub fn attention_with_lse(
 ) -> Result<(Tensor, Tensor)> {
     let mut o = options.clone();
     o.return_lse = true;
+    let (out, lse) = attention_ext(q, k, v, Extras::default(), &o)?;
+    let lse = lse.ok_or_else(|| candle_core::Error::Msg("attn: no log-sum-exp".into()))?;
+    Ok((out, lse))
+}
+
+fn dims4(what: &str, t: &Tensor) -> Result<[usize; 4]> {
+    match *t.dims() {
+        [a, b, c, d] => Ok([a, b, c, d]),
+        ref other => candle_core::bail!(
+            "attn: {what} must be rank 4 [batch or 1, q_heads or 1, q_len, kv_len], got shape {other:?}"
+        ),
+    }
+}
+
+/// The general call: [`attention`] with an optional bias and boolean mask;
+/// returns the log-sum-exp (`[batch, q_heads, q_len]` f32) too when
+/// `options.return_lse` is set.
+pub fn attention_ext(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    extras: Extras<'_>,
+    options: &AttnOptions,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let bias_dims = extras.bias.map(|b| dims4("bias", b)).transpose()?;
+    let mask_dims = extras.mask.map(|m| dims4("mask", m)).transpose()?;
+    if let Some(m) = extras.mask {
+        if m.dtype() != candle_core::DType::U8 {
+            candle_core::bail!(
+                "attn: mask must be u8 (nonzero = take part), got {:?}",
+                m.dtype()
+            );
+        }
+    }
     let op = AttnOp {
-        problem: OpProblem::FromLayouts(o),
-        extras: (None, None),
+        problem: OpProblem::FromLayouts {
+            options: Box::new(options.clone()),
+            bias_dims,
+            mask_dims,
+        },
+        extras: (
+            extras.bias.map(op::host_data).transpose()?,
+            extras.mask.map(op::host_data).transpose()?,
+        ),
         lse: Mutex::new(None),
     };
     let out = q.apply_op3_no_bwd(k, v, &op)?;
+    if !options.return_lse {
+        return Ok((out, None));
+    }
     let lse = op
         .lse
         .lock()
@@ -78,5 +138,5 @@ pub fn attention_with_lse(
         .ok_or_else(|| candle_core::Error::Msg("attn: the op produced no log-sum-exp".into()))?;
     let (b, hq, sq) = (q.dim(0)?, q.dim(2)?, q.dim(1)?);
     let lse = Tensor::from_vec(lse, (b, hq, sq), q.device())?;
-    Ok((out, lse))
+    Ok((out, Some(lse)))
 }

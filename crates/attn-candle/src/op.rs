@@ -8,7 +8,7 @@
 //! back through the op value.
 
 use attn_cpu::{Cpu, CpuElement};
-use attn_spec::{AttnError, HostData, Problem};
+use attn_spec::{AttnError, HostData, Problem, View};
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, WithDType};
 use std::cell::Cell;
 use std::sync::Mutex;
@@ -19,7 +19,15 @@ pub enum OpProblem {
     /// Q, K, V are `[batch, seq, heads, dim]` tensors: shapes and strides
     /// come from their layouts; the output is contiguous `[batch, q_len,
     /// q_heads, head_dim_v]`.
-    FromLayouts(attn_spec::AttnOptions),
+    FromLayouts {
+        /// The options.
+        options: Box<attn_spec::AttnOptions>,
+        /// Dims of the bias in [`AttnOp::extras`], contiguous `[batch or 1,
+        /// q_heads or 1, q_len, kv_len]`.
+        bias_dims: Option<[usize; 4]>,
+        /// Dims of the boolean mask in [`AttnOp::extras`], as the bias.
+        mask_dims: Option<[usize; 4]>,
+    },
     /// Q, K, V are flat buffers and the problem's views index into them
     /// (the attn `Backend` path); the output is a flat buffer of the
     /// output view's extent.
@@ -53,6 +61,24 @@ pub fn to_candle(e: AttnError) -> candle_core::Error {
     candle_core::Error::Msg(format!("attn: {e}"))
 }
 
+/// A candle tensor's elements as attn host data, read in logical
+/// (row-major) order: how the small bias and mask tensors reach the op.
+/// u8 tensors are boolean masks (nonzero = take part).
+pub fn host_data(t: &candle_core::Tensor) -> candle_core::Result<HostData> {
+    use candle_core::DType as D;
+    let flat = t.flatten_all()?;
+    Ok(match flat.dtype() {
+        D::F32 => HostData::F32(flat.to_vec1()?),
+        D::F16 => HostData::F16(flat.to_vec1()?),
+        D::BF16 => HostData::Bf16(flat.to_vec1()?),
+        D::F64 => HostData::F64(flat.to_vec1()?),
+        D::U8 => HostData::Bool(flat.to_vec1::<u8>()?.into_iter().map(|x| x != 0).collect()),
+        other => candle_core::bail!(
+            "attn: tensors must be f32, f16, bf16, f64 or u8 (masks); got {other:?}"
+        ),
+    })
+}
+
 fn view_of(l: &Layout) -> candle_core::Result<attn_spec::View> {
     let dims = l.dims();
     if dims.len() != 4 {
@@ -79,14 +105,24 @@ impl AttnOp {
                 p.v.offset += l[2].start_offset();
                 Ok(p)
             }
-            OpProblem::FromLayouts(opts) => {
+            OpProblem::FromLayouts {
+                options,
+                bias_dims,
+                mask_dims,
+            } => {
                 let (q, k, v) = (view_of(l[0])?, view_of(l[1])?, view_of(l[2])?);
                 let shape = attn_spec::Shape::new(
                     q.dims[0], q.dims[2], k.dims[2], q.dims[1], k.dims[1], q.dims[3],
                 )
                 .with_head_dim_v(v.dims[3]);
-                let mut p = Problem::new(shape, dtype).with_options(opts.clone());
+                let mut p = Problem::new(shape, dtype).with_options((**options).clone());
                 (p.q, p.k, p.v) = (q, k, v);
+                if let (Some(d), Some(b)) = (bias_dims, &self.extras.0) {
+                    p = p.with_bias(View::contiguous(*d), b.dtype());
+                }
+                if let Some(d) = mask_dims {
+                    p = p.with_mask(View::contiguous(*d));
+                }
                 Ok(p)
             }
         }
@@ -125,7 +161,7 @@ impl AttnOp {
                 .map_err(|_| candle_core::Error::Msg("attn: lse lock poisoned".into()))? = Some(l);
         }
         let shape = match &self.problem {
-            OpProblem::FromLayouts(_) => Shape::from(p.out.dims.to_vec()),
+            OpProblem::FromLayouts { .. } => Shape::from(p.out.dims.to_vec()),
             OpProblem::Given(_) => Shape::from(n),
         };
         Ok((T::to_cpu_storage_owned(out), shape))

@@ -126,3 +126,86 @@ fn wrong_inputs_are_candle_errors_with_attn_messages() {
         .to_string();
     assert!(e.contains("must share one of f32, f16, bf16"), "{e}");
 }
+
+fn candle_tensor(d: &attn_spec::HostData, dims: [usize; 4]) -> Tensor {
+    use attn_spec::HostData as H;
+    let dev = &Device::Cpu;
+    match d {
+        H::F32(v) => Tensor::from_vec(v.clone(), &dims, dev),
+        H::F16(v) => Tensor::from_vec(v.clone(), &dims, dev),
+        H::Bf16(v) => Tensor::from_vec(v.clone(), &dims, dev),
+        H::F64(v) => Tensor::from_vec(v.clone(), &dims, dev),
+        H::Bool(v) => Tensor::from_vec(v.iter().map(|&b| u8::from(b)).collect(), &dims, dev),
+    }
+    .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The one-call API with bias and boolean mask tensors (broadcast or
+    /// not, every option the suite draws) against the f64 reference, on
+    /// contiguous BSHD cases (the layout the one-call API takes).
+    #[test]
+    fn one_call_api_with_bias_and_mask_passes_the_suite(params in case_params()) {
+        let mut params = params;
+        params.bhsd = false;
+        params.offset = 0;
+        let case = Case::build(params);
+        let s = case.problem.shape;
+        let q = candle_tensor(&case.q, [s.batch, s.q_len, s.q_heads, s.head_dim_qk]);
+        let k = candle_tensor(&case.k, [s.batch, s.kv_len, s.kv_heads, s.head_dim_qk]);
+        let v = candle_tensor(&case.v, [s.batch, s.kv_len, s.kv_heads, s.head_dim_v]);
+        let bias = case.bias.as_ref().map(|b| {
+            let view = case.problem.bias.as_ref().unwrap().view;
+            prop_assert_eq!(view, attn_spec::View::contiguous(view.dims));
+            Ok(candle_tensor(b, view.dims))
+        }).transpose()?;
+        let mask = case.mask.as_ref().map(|m| {
+            let view = case.problem.mask.unwrap();
+            prop_assert_eq!(view, attn_spec::View::contiguous(view.dims));
+            Ok(candle_tensor(m, view.dims))
+        }).transpose()?;
+        let extras = attn_candle::Extras { bias: bias.as_ref(), mask: mask.as_ref() };
+        let (o, lse) = attn_candle::attention_ext(&q, &k, &v, extras, &case.problem.options).unwrap();
+        prop_assert_eq!(o.dims(), &[s.batch, s.q_len, s.q_heads, s.head_dim_v]);
+        prop_assert_eq!(lse.is_some(), case.problem.options.return_lse);
+        let out = attn_candle::op::host_data(&o).unwrap();
+        let lse = lse.map(|l| attn_candle::op::host_data(&l).unwrap());
+        let r = attn_conformance::check_output(&case, &out, lse.as_ref());
+        prop_assert_eq!(r, Ok(()));
+    }
+}
+
+#[test]
+fn a_mask_that_is_not_u8_is_refused_by_name() {
+    let q = Tensor::ones((1, 4, 2, 8), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let m = Tensor::ones((1, 1, 4, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let extras = attn_candle::Extras {
+        bias: None,
+        mask: Some(&m),
+    };
+    let e = attn_candle::attention_ext(&q, &q, &q, extras, &AttnOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("mask must be u8"), "{e}");
+    let b = Tensor::ones((4, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let extras = attn_candle::Extras {
+        bias: Some(&b),
+        mask: None,
+    };
+    let e = attn_candle::attention_ext(&q, &q, &q, extras, &AttnOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bias must be rank 4"), "{e}");
+    // A bias of the wrong size is named by attn's validation.
+    let b = Tensor::ones((1, 1, 4, 5), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let extras = attn_candle::Extras {
+        bias: Some(&b),
+        mask: None,
+    };
+    let e = attn_candle::attention_ext(&q, &q, &q, extras, &AttnOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("attn:") && e.contains("bias"), "{e}");
+}

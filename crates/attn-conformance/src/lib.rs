@@ -18,7 +18,7 @@ pub mod strategy;
 pub mod tolerance;
 
 pub use case::{Case, CaseParams};
-pub use check::{check_case, Outcome};
+pub use check::{check_case, check_output, Outcome};
 pub use strategy::case_params;
 
 use attn_spec::Backend;
