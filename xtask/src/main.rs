@@ -4,6 +4,8 @@
 mod bench;
 mod charts;
 mod check;
+mod cuda;
+mod gpu_check;
 mod machine;
 mod report;
 mod torch;
@@ -21,6 +23,17 @@ tasks:
            --backend NAME     only this backend (repeatable: cpu, reference)
            --threads N        only this thread count (repeatable; default 1 and all cores)
            --out DIR          write the report to DIR instead of target/attn-bench
+  test     the whole test suite: installs NVRTC and ptxas (PyPI wheels, into a virtualenv
+           under ~/.cache/attn, once), runs `cargo test --workspace` with the NVRTC tests
+           required, then `cuda-check`
+  cuda-setup  only the virtualenv of NVRTC and ptxas
+  cuda-check  compile every CUDA kernel variant for sm_80 and sm_90 through NVRTC, print
+           ptxas's registers, shared memory and spills per variant, fail on a spill in a
+           main kernel (--quiet: main kernels only)
+  gpu-check   build attn-cuda's GPU tests and benchmark for x86-64-v3 and write a folder
+           (target/gpu-check, or --out DIR) whose run.sh, on a machine with an NVIDIA GPU,
+           its driver and PyTorch, runs the conformance suite on the GPU and compares
+           attn-cuda with PyTorch's SDPA
   peak     measure and print the FMA peak and memory bandwidth only
   verify   run the conformance suite on every backend available on this machine
            --cases N          generated cases per backend (default 256)";
@@ -32,6 +45,10 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(rest),
         Some("peak") => machine::run_peak(),
         Some("verify") => verify::run(rest),
+        Some("test") => test(rest),
+        Some("cuda-setup") => cuda::setup().map(|v| println!("cuda-setup: {}", v.display())),
+        Some("cuda-check") => cuda::check(rest),
+        Some("gpu-check") => gpu_check::run(rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -45,6 +62,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `cargo xtask test`: the README's test command (and CI's).
+fn test(args: &[String]) -> Result<(), String> {
+    let venv = cuda::setup()?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = std::process::Command::new(cargo)
+        .args(["test", "--workspace"])
+        .args(args)
+        .env("ATTN_CUDA_VENV", &venv)
+        .env("ATTN_REQUIRE_NVRTC", "1")
+        .current_dir(root())
+        .status()
+        .map_err(|e| format!("cargo test: {e}"))?;
+    if !st.success() {
+        return Err("cargo test --workspace failed".into());
+    }
+    cuda::check(&["--quiet".to_string()])
 }
 
 /// The workspace root (the parent of this crate's directory).

@@ -35,6 +35,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Err(e) => println!("verify {kind:?}: skipping: {e}"),
         }
     }
+    match attn_cuda::Cuda::first() {
+        Ok(gpu) => {
+            println!(
+                "verify attn-cuda on {}: {cases} generated cases + hand-computed + bad input ...",
+                gpu.device_name()
+            );
+            let r = attn_conformance::run_suite(&gpu, cases)?;
+            println!(
+                "  passed {} (skipped as unsupported: {})",
+                r.passed, r.skipped
+            );
+        }
+        Err(e) => println!("verify attn-cuda: skipping: {e}"),
+    }
     println!("all backends available on this machine pass");
     Ok(())
 }

@@ -117,7 +117,14 @@ pub enum AttnError {
         /// The library.
         library: String,
     },
-    /// A backend-specific failure (runtime compilation, launch, ...).
+    /// Run-time compilation of a GPU kernel failed.
+    Nvrtc {
+        /// The kernel variant.
+        variant: String,
+        /// The compiler's log.
+        log: String,
+    },
+    /// A backend-specific failure (launch, allocation, ...).
     Backend {
         /// The backend's name.
         backend: String,
@@ -193,6 +200,9 @@ impl fmt::Display for AttnError {
             NoDevice { backend, reason } => write!(f, "backend `{backend}`: no device: {reason}"),
             DriverMissing { library } => {
                 write!(f, "driver library `{library}` is not installed or not found")
+            }
+            Nvrtc { variant, log } => {
+                write!(f, "NVRTC failed to compile kernel {variant}:\n{log}")
             }
             Backend { backend, message } => write!(f, "backend `{backend}`: {message}"),
         }

@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | (always) | [`Reference`]: the f64 oracle, every option, slow | nothing |
 //! | `cpu` (default) | `attn-cpu`: SIMD, tiled, multi-threaded | nothing |
+//! | `cuda` | `attn::cuda` (crate `attn-cuda`): NVRTC-compiled GPU kernels, buffers on the device | at run time: the NVIDIA driver and NVRTC (errors, not panics, without them) |
 //!
 //! [`Engine::best`] picks the fastest backend compiled in that answers on
 //! this machine, and [`Engine::kind`] says which one runs. With
@@ -42,6 +43,11 @@ pub use attn_spec::{
 mod engine;
 
 pub use engine::{Engine, EngineKind};
+
+/// The CUDA backend: [`cuda::Cuda`] implements [`Backend`] with device
+/// buffers, so tensors stay on the GPU across calls.
+#[cfg(feature = "cuda")]
+pub use attn_cuda as cuda;
 
 /// Attention on host slices in the default `[batch, seq, heads, dim]`
 /// layout, on the best backend compiled in. Returns the output

@@ -1,0 +1,540 @@
+//! The CUDA backend: a context and stream on one GPU, a cache of loaded
+//! kernels keyed on [`Variant`], device buffers, and the launches.
+
+use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};
+use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
+use crate::{compile, libs};
+use attn_spec::{
+    check_call, reference::check_linear, AttnError, Backend, BufferInfo, DType, HostData, Inputs,
+    Problem, Result,
+};
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError,
+    LaunchConfig, PushKernelArg,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// A buffer on the GPU: raw bytes plus the element type they hold.
+#[derive(Debug)]
+pub struct CudaBuffer {
+    data: CudaSlice<u8>,
+    dtype: DType,
+    len: usize,
+}
+
+impl CudaBuffer {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Which forward kernel a [`Cuda`] backend runs on f16/bf16 inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfKernel {
+    /// Tensor cores (`mma.sync`): the fast path.
+    TensorCore,
+    /// Plain FMA, f32 throughout (f32 inputs always take it).
+    Simt,
+}
+
+/// attn on one NVIDIA GPU.
+pub struct Cuda {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: (u32, u32),
+    sms: usize,
+    smem_optin: usize,
+    device_name: String,
+    half_kernel: HalfKernel,
+    functions: Mutex<HashMap<Variant, CudaFunction>>,
+}
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda")
+            .field("device", &self.device_name)
+            .field("arch", &self.arch)
+            .field("sms", &self.sms)
+            .finish()
+    }
+}
+
+fn drv(e: DriverError) -> AttnError {
+    AttnError::Backend {
+        backend: "cuda".into(),
+        message: format!("CUDA driver: {e:?}"),
+    }
+}
+
+fn bytes_of(data: &HostData) -> Vec<u8> {
+    match data {
+        HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostData::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        HostData::Bf16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        HostData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostData::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+    }
+}
+
+fn host_of(dtype: DType, b: &[u8]) -> HostData {
+    let u16s = || b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+    match dtype {
+        DType::F32 => HostData::F32(
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+        DType::F16 => HostData::F16(u16s().map(half::f16::from_bits).collect()),
+        DType::Bf16 => HostData::Bf16(u16s().map(half::bf16::from_bits).collect()),
+        DType::F64 => HostData::F64(
+            b.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect(),
+        ),
+        DType::Bool => HostData::Bool(b.iter().map(|&x| x != 0).collect()),
+    }
+}
+
+impl Cuda {
+    /// The backend on GPU `ordinal`. Errors, never panics: `DriverMissing`
+    /// without the driver or NVRTC, `NoDevice` without a GPU.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        libs::driver()?;
+        libs::nvrtc()?;
+        let count = CudaContext::device_count().map_err(|e| AttnError::NoDevice {
+            backend: "cuda".into(),
+            reason: format!("the driver found no usable GPU ({e:?})"),
+        })?;
+        if ordinal >= count.max(0) as usize {
+            return Err(AttnError::NoDevice {
+                backend: "cuda".into(),
+                reason: format!("GPU {ordinal} asked for, {count} present"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv)?;
+        let (major, minor) = ctx.compute_capability().map_err(drv)?;
+        let attr = |a| ctx.attribute(a).map_err(drv);
+        let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let smem_optin =
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+                as usize;
+        let device_name = ctx.name().map_err(drv)?;
+        let stream = ctx.default_stream();
+        Ok(Cuda {
+            ctx,
+            stream,
+            arch: (major as u32, minor as u32),
+            sms,
+            smem_optin,
+            device_name,
+            half_kernel: if major >= 8 {
+                HalfKernel::TensorCore
+            } else {
+                HalfKernel::Simt
+            },
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The first GPU.
+    pub fn first() -> Result<Self> {
+        Cuda::new(0)
+    }
+
+    /// The same backend running `kernel` for f16/bf16 inputs (tensor cores
+    /// need compute capability 8.0 or newer).
+    pub fn with_half_kernel(mut self, kernel: HalfKernel) -> Result<Self> {
+        if kernel == HalfKernel::TensorCore && self.arch.0 < 8 {
+            return Err(AttnError::Unsupported {
+                backend: self.name(),
+                feature: "tensor-core kernel".into(),
+                reason: format!("needs sm_80 or newer, this GPU is {:?}", self.arch),
+            });
+        }
+        self.half_kernel = kernel;
+        Ok(self)
+    }
+
+    /// Compute capability, e.g. `(9, 0)`.
+    pub fn arch(&self) -> (u32, u32) {
+        self.arch
+    }
+
+    /// Multiprocessors.
+    pub fn sm_count(&self) -> usize {
+        self.sms
+    }
+
+    /// The GPU's name.
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    /// Times `reps` runs of `f` on the GPU with CUDA events recorded on
+    /// the backend's stream around each run; milliseconds per run.
+    pub fn time_ms(&self, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            // Timing events (`None` would create them with timing disabled).
+            let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+            let start = self.stream.record_event(timed).map_err(drv)?;
+            f()?;
+            let end = self.stream.record_event(timed).map_err(drv)?;
+            end.synchronize().map_err(drv)?;
+            out.push(start.elapsed_ms(&end).map_err(drv)?);
+        }
+        Ok(out)
+    }
+
+    /// Blocks until every launch so far has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(drv)
+    }
+
+    /// The loaded kernel of `v`: compiled and loaded once, then cached.
+    fn function(&self, v: &Variant) -> Result<CudaFunction> {
+        let mut map = self.functions.lock().map_err(|_| AttnError::Backend {
+            backend: self.name(),
+            message: "kernel cache lock poisoned".into(),
+        })?;
+        if let Some(f) = map.get(v) {
+            return Ok(f.clone());
+        }
+        let ptx = compile::ptx(v)?;
+        let module = self.ctx.load_module(ptx).map_err(drv)?;
+        let f = module.load_function(v.kernel.function()).map_err(drv)?;
+        let smem = v.smem_bytes();
+        if smem > 48 * 1024 {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(drv)?;
+        }
+        map.insert(*v, f.clone());
+        Ok(f)
+    }
+
+    fn forward_kernel(&self, p: &Problem) -> Kernel {
+        match (p.dtype, self.half_kernel) {
+            (DType::F16 | DType::Bf16, HalfKernel::TensorCore) => Kernel::Mma,
+            _ => Kernel::Simt,
+        }
+    }
+
+    fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
+        let bytes = len
+            .checked_mul(dtype.size_bytes())
+            .ok_or(AttnError::Overflow {
+                what: "buffer size",
+            })?;
+        let data = self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(drv)?;
+        Ok(CudaBuffer { data, dtype, len })
+    }
+
+    fn upload_f32(&self, v: &[f32]) -> Result<CudaBuffer> {
+        self.upload(&HostData::F32(v.to_vec()))
+    }
+
+    fn upload_i32(&self, v: &[usize]) -> Result<CudaSlice<u8>> {
+        let b: Vec<u8> = v
+            .iter()
+            .flat_map(|&x| (x.min(i32::MAX as usize) as i32).to_le_bytes())
+            .collect();
+        self.stream.clone_htod(&b).map_err(drv)
+    }
+}
+
+impl Backend for Cuda {
+    type Buffer = CudaBuffer;
+
+    fn name(&self) -> String {
+        "attn-cuda".into()
+    }
+
+    fn upload(&self, data: &HostData) -> Result<CudaBuffer> {
+        let mut b = bytes_of(data);
+        let len = data.len();
+        if b.is_empty() {
+            b.push(0);
+        }
+        let slice = self.stream.clone_htod(&b).map_err(drv)?;
+        Ok(CudaBuffer {
+            data: slice,
+            dtype: data.dtype(),
+            len,
+        })
+    }
+
+    fn download(&self, buf: &CudaBuffer) -> Result<HostData> {
+        let b = self.stream.clone_dtoh(&buf.data).map_err(drv)?;
+        let n = buf.len * buf.dtype.size_bytes();
+        Ok(host_of(buf.dtype, &b[..n.min(b.len())]))
+    }
+
+    fn zeros(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
+        self.alloc(dtype, len)
+    }
+
+    fn info(&self, buf: &CudaBuffer) -> BufferInfo {
+        BufferInfo {
+            dtype: buf.dtype,
+            len: buf.len,
+        }
+    }
+
+    fn supports(&self, p: &Problem) -> Result<()> {
+        let unsupported = |feature: String, reason: &str| {
+            Err(AttnError::Unsupported {
+                backend: self.name(),
+                feature,
+                reason: reason.into(),
+            })
+        };
+        if !matches!(p.dtype, DType::F32 | DType::F16 | DType::Bf16) {
+            return unsupported(
+                format!("{} inputs", p.dtype),
+                "the GPU kernels take f32, f16 and bf16",
+            );
+        }
+        if let Some(b) = p.bias {
+            if !matches!(b.dtype, DType::F32 | DType::F16 | DType::Bf16) {
+                return unsupported(format!("a {} bias", b.dtype), "biases are f32, f16 or bf16");
+            }
+        }
+        let s = p.shape;
+        if s.head_dim_qk > MAX_HEAD_DIM || s.head_dim_v > MAX_HEAD_DIM {
+            return unsupported(
+                format!("head dims {}/{}", s.head_dim_qk, s.head_dim_v),
+                "kernels are built for head dims up to 256",
+            );
+        }
+        let v = Variant::for_problem(self.forward_kernel(p), p, self.arch);
+        if v.smem_bytes() > self.smem_optin {
+            return unsupported(
+                format!("{} bytes of shared memory", v.smem_bytes()),
+                "more than this GPU gives a block",
+            );
+        }
+        Params::new(p, 1, 1).map(|_| ())
+    }
+
+    fn forward_into(
+        &self,
+        problem: &Problem,
+        inputs: Inputs<'_, CudaBuffer>,
+        out: &mut CudaBuffer,
+        mut lse: Option<&mut CudaBuffer>,
+    ) -> Result<()> {
+        check_call(self, problem, &inputs, out, lse.as_deref())?;
+        self.supports(problem)?;
+        let s = problem.shape;
+        if s.batch * s.q_heads * s.q_len == 0 {
+            return Ok(());
+        }
+        let o = &problem.options;
+        let kernel = self.forward_kernel(problem);
+        let v = Variant::for_problem(kernel, problem, self.arch);
+        let blocks = s.q_len.div_ceil(kernel.rows_per_block()) * s.q_heads * s.batch;
+        let (splits, per) = plan_splits(blocks, s.kv_len, self.sms, v.block_n());
+        let mut params = Params::new(problem, splits, per)?;
+
+        // Small per-call tensors: lengths, slopes, sinks.
+        let q_lens = o.q_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
+        let kv_lens = o.kv_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
+        let alibi = o
+            .alibi_slopes
+            .as_ref()
+            .map(|a| self.upload_f32(a))
+            .transpose()?;
+        let sinks = o.sinks.as_ref().map(|a| self.upload_f32(a)).transpose()?;
+        let rows = s.batch * s.q_heads * s.q_len;
+        let mut part = if splits > 1 {
+            Some((
+                self.alloc(DType::F32, splits * rows * s.head_dim_v)?,
+                self.alloc(DType::F32, splits * rows)?,
+            ))
+        } else {
+            None
+        };
+
+        let st = &self.stream;
+        let (qp, _g1) = inputs.q.data.device_ptr(st);
+        let (kp, _g2) = inputs.k.data.device_ptr(st);
+        let (vp, _g3) = inputs.v.data.device_ptr(st);
+        let (op, _g4) = out.data.device_ptr_mut(st);
+        params.q = qp;
+        params.k = kp;
+        params.v = vp;
+        params.o = op;
+        let lse_g = lse.as_mut().map(|l| l.data.device_ptr_mut(st));
+        params.lse = lse_g.as_ref().map_or(0, |g| g.0);
+        let bias_g = inputs.bias.map(|b| b.data.device_ptr(st));
+        params.bias = bias_g.as_ref().map_or(0, |g| g.0);
+        let mask_g = inputs.mask.map(|m| m.data.device_ptr(st));
+        params.mask = mask_g.as_ref().map_or(0, |g| g.0);
+        let ql_g = q_lens.as_ref().map(|b| b.device_ptr(st));
+        params.q_lens = ql_g.as_ref().map_or(0, |g| g.0);
+        let kl_g = kv_lens.as_ref().map(|b| b.device_ptr(st));
+        params.kv_lens = kl_g.as_ref().map_or(0, |g| g.0);
+        let al_g = alibi.as_ref().map(|b| b.data.device_ptr(st));
+        params.alibi = al_g.as_ref().map_or(0, |g| g.0);
+        let sk_g = sinks.as_ref().map(|b| b.data.device_ptr(st));
+        params.sinks = sk_g.as_ref().map_or(0, |g| g.0);
+        let part_g = part
+            .as_mut()
+            .map(|(po, pl)| (po.data.device_ptr_mut(st), pl.data.device_ptr_mut(st)));
+        if let Some(((po, _), (pl, _))) = &part_g {
+            params.part_o = *po;
+            params.part_lse = *pl;
+        }
+
+        let f = self.function(&v)?;
+        let (grid, block) = forward_geometry(&v, problem, splits);
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: v.smem_bytes() as u32,
+        };
+        // SAFETY: `params` holds the addresses of live device buffers whose
+        // sizes `check_call` validated against the problem's views; the
+        // kernel reads and writes only inside those views (and the split
+        // workspaces, sized splits x rows above), and the guards keep every
+        // buffer alive and ordered on this stream until the launch is queued.
+        unsafe { st.launch_builder(&f).arg(&params).launch(cfg) }.map_err(drv)?;
+        if splits > 1 {
+            let cv = Variant {
+                kernel: Kernel::Combine,
+                ..v
+            };
+            let f = self.function(&cv)?;
+            let (grid, block) = combine_geometry(problem);
+            let cfg = LaunchConfig {
+                grid_dim: grid,
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: as above; the combine pass reads the partials the
+            // forward launch wrote (same stream, so ordered after it).
+            unsafe { st.launch_builder(&f).arg(&params).launch(cfg) }.map_err(drv)?;
+        }
+        self.ctx.check_err().map_err(drv)?;
+        Ok(())
+    }
+
+    fn linear(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaBuffer,
+        bias: Option<&CudaBuffer>,
+        in_features: usize,
+        out_features: usize,
+    ) -> Result<CudaBuffer> {
+        check_linear(self, x, rows, w, bias, in_features, out_features)?;
+        let dtype = x.dtype;
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) {
+            return Err(AttnError::Unsupported {
+                backend: self.name(),
+                feature: format!("{dtype} projections"),
+                reason: "the GPU kernels take f32, f16 and bf16".into(),
+            });
+        }
+        let mut y = self.alloc(dtype, rows * out_features)?;
+        let v = Variant {
+            kernel: Kernel::Linear,
+            elem: dtype,
+            bias: None,
+            mask: false,
+            window: false,
+            softcap: false,
+            alibi: false,
+            sinks: false,
+            dqk: 1,
+            dv: 1,
+            arch: self.arch,
+        };
+        let f = self.function(&v)?;
+        let st = &self.stream;
+        let (xp, _g1) = x.data.device_ptr(st);
+        let (wp, _g2) = w.data.device_ptr(st);
+        let bg = bias.map(|b| b.data.device_ptr(st));
+        let (yp, _g4) = y.data.device_ptr_mut(st);
+        let i = |what, n: usize| i32::try_from(n).map_err(|_| AttnError::Overflow { what });
+        let params = LinParams {
+            x: xp,
+            w: wp,
+            b: bg.as_ref().map_or(0, |g| g.0),
+            y: yp,
+            rows: i("rows", rows)?,
+            in_f: i("in_features", in_features)?,
+            out_f: i("out_features", out_features)?,
+            pad: 0,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (
+                out_features.div_ceil(16).max(1) as u32,
+                rows.div_ceil(16).max(1) as u32,
+                1,
+            ),
+            block_dim: (16, 16, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: x, w, b and y are live device buffers whose sizes
+        // `check_linear` validated (rows x in, out x in, out) and `y` was
+        // just allocated rows x out; the kernel stays inside them.
+        unsafe { st.launch_builder(&f).arg(&params).launch(cfg) }.map_err(drv)?;
+        drop((_g1, _g2, bg, _g4));
+        Ok(y)
+    }
+}
+
+/// The parameter block of `attn_linear` (`struct LinParams` in
+/// kernels/linear.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct LinParams {
+    x: u64,
+    w: u64,
+    b: u64,
+    y: u64,
+    rows: i32,
+    in_f: i32,
+    out_f: i32,
+    pad: i32,
+}
+
+// SAFETY: plain `repr(C)` data with the layout of `struct LinParams`.
+unsafe impl cudarc::driver::DeviceRepr for LinParams {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    #[test]
+    fn host_bytes_round_trip() {
+        for d in [
+            HostData::F32(vec![1.5, -0.0, f32::INFINITY]),
+            HostData::F16(vec![f16::from_f32(0.1), f16::NEG_INFINITY]),
+            HostData::Bf16(vec![bf16::from_f32(-3.25)]),
+            HostData::F64(vec![std::f64::consts::PI]),
+            HostData::Bool(vec![true, false, true]),
+        ] {
+            assert_eq!(host_of(d.dtype(), &bytes_of(&d)), d);
+        }
+    }
+}

@@ -1,0 +1,223 @@
+// attn-cuda: what every kernel shares. Compiled by NVRTC with no headers:
+// the host prepends the variant's `#define`s (see src/variant.rs), then this
+// file, then one kernel file. Element types are raw 16-bit patterns,
+// converted with PTX, so no CUDA header is needed at run time.
+//
+// Defines every variant sets:
+//   ELEM        0 f32, 1 f16, 2 bf16 (Q, K, V and O)
+//   BIAS_KIND   0 none, 1 f32, 2 f16, 3 bf16
+//   HAS_MASK    boolean mask tensor (u8, nonzero = take part)
+//   HAS_WINDOW  a causal or sliding window (left/right at run time)
+//   HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS
+//   DQK, DV     head dims; DQK_PAD, DV_PAD their padded sizes
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define NEG_INF (__int_as_float(0xff800000))
+
+// The problem, passed by value (layout mirrored by `Params` in
+// src/params.rs: keep the two in the same order).
+struct Params {
+    const void* q;
+    const void* k;
+    const void* v;
+    void* o;
+    float* lse;           // [b, hq, sq] f32, or null
+    const void* bias;     // or null
+    const unsigned char* mask;  // or null
+    const int* q_lens;    // [b] or null
+    const int* kv_lens;   // [b] or null
+    const float* alibi;   // [hq] or null
+    const float* sinks;   // [hq] or null
+    float* part_o;        // split-KV partial outputs [split][b][hq][sq][DV]
+    float* part_lse;      // split-KV partial lse [split][b][hq][sq]
+    i64 q_st[4];
+    i64 k_st[4];
+    i64 v_st[4];
+    i64 o_st[4];
+    i64 bias_st[4];       // broadcast axes have stride 0
+    i64 mask_st[4];
+    i64 q_off, k_off, v_off, o_off, bias_off, mask_off;
+    int batch, hq, hkv, sq, sk;
+    int left, right;      // window; -1 = unbounded
+    int top_left;         // 1: offset 0; 0: bottom-right
+    int num_splits;       // 1: write O and lse; >1: write partials
+    int keys_per_split;
+    float scale;
+    float softcap;
+    int pad0, pad1;
+};
+
+__device__ __forceinline__ float bf16_to_f32(u16 x) {
+    return __uint_as_float(((u32)x) << 16);
+}
+
+__device__ __forceinline__ float f16_to_f32(u16 x) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(x));
+    return f;
+}
+
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 x;
+    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(x) : "f"(f));
+    return x;
+}
+
+// Round to nearest even, NaN kept a NaN (the PTX cvt to bf16 needs sm_80;
+// this is exact integer arithmetic on any target).
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (u16)((u >> 16) | 0x40u);
+    }
+    u32 rounding = 0x7fffu + ((u >> 16) & 1u);
+    return (u16)((u + rounding) >> 16);
+}
+
+#if ELEM == 0
+typedef float elem_t;
+__device__ __forceinline__ float load_elem(const void* p, i64 i) {
+    return ((const float*)p)[i];
+}
+__device__ __forceinline__ void store_elem(void* p, i64 i, float x) {
+    ((float*)p)[i] = x;
+}
+#elif ELEM == 1
+typedef u16 elem_t;
+__device__ __forceinline__ float load_elem(const void* p, i64 i) {
+    return f16_to_f32(((const u16*)p)[i]);
+}
+__device__ __forceinline__ void store_elem(void* p, i64 i, float x) {
+    ((u16*)p)[i] = f32_to_f16(x);
+}
+#else
+typedef u16 elem_t;
+__device__ __forceinline__ float load_elem(const void* p, i64 i) {
+    return bf16_to_f32(((const u16*)p)[i]);
+}
+__device__ __forceinline__ void store_elem(void* p, i64 i, float x) {
+    ((u16*)p)[i] = f32_to_bf16(x);
+}
+#endif
+
+__device__ __forceinline__ float load_bias(const void* p, i64 i) {
+#if BIAS_KIND == 1
+    return ((const float*)p)[i];
+#elif BIAS_KIND == 2
+    return f16_to_f32(((const u16*)p)[i]);
+#elif BIAS_KIND == 3
+    return bf16_to_f32(((const u16*)p)[i]);
+#else
+    return 0.0f;
+#endif
+}
+
+// One sequence's masking model (docs/SEMANTICS.md §4, attn-spec's
+// SeqMask): lengths, diagonal offset, window.
+struct SeqMask {
+    int ql, kl;
+    int off;   // row i's diagonal key is i + off
+};
+
+__device__ __forceinline__ SeqMask seq_mask(const Params& p, int b) {
+    SeqMask m;
+    m.ql = p.q_lens ? p.q_lens[b] : p.sq;
+    m.kl = p.kv_lens ? p.kv_lens[b] : p.sk;
+    m.off = p.top_left ? 0 : m.kl - m.ql;
+    return m;
+}
+
+// Visible keys of row i: [lo, hi), empty when lo >= hi.
+__device__ __forceinline__ void key_range(const Params& p, const SeqMask& m, int i,
+                                          int* lo, int* hi) {
+    if (i >= m.ql) {
+        *lo = 0;
+        *hi = 0;
+        return;
+    }
+    long long c = (long long)i + m.off;
+    long long l = 0, h = m.kl;
+#if HAS_WINDOW
+    if (p.left >= 0) {
+        long long x = c - p.left;
+        l = x < 0 ? 0 : (x > m.kl ? m.kl : x);
+    }
+    if (p.right >= 0) {
+        long long x = c + p.right + 1;
+        h = x < 0 ? 0 : (x > m.kl ? m.kl : x);
+    }
+#endif
+    *lo = (int)l;
+    *hi = (int)(h > l ? h : l);
+}
+
+// Steps 1-5 of the formula for one pair whose raw dot product is `dot`;
+// `lo`/`hi` is row i's visible key range. Returns -inf for an excluded pair.
+__device__ __forceinline__ float score(const Params& p, const SeqMask& m, int b, int h,
+                                       int i, int j, int lo, int hi, float dot) {
+    if (j < lo || j >= hi) {
+        return NEG_INF;
+    }
+    float s = dot * p.scale;
+#if HAS_SOFTCAP
+    s = p.softcap * tanhf(s / p.softcap);
+#endif
+#if HAS_ALIBI
+    {
+        long long c = (long long)i + m.off;
+        long long d = (long long)j - c;
+        s -= p.alibi[h] * (float)(d < 0 ? -d : d);
+    }
+#endif
+#if BIAS_KIND != 0
+    s += load_bias(p.bias, p.bias_off + (i64)b * p.bias_st[0] + (i64)h * p.bias_st[1] +
+                               (i64)i * p.bias_st[2] + (i64)j * p.bias_st[3]);
+#endif
+#if HAS_MASK
+    if (p.mask[p.mask_off + (i64)b * p.mask_st[0] + (i64)h * p.mask_st[1] +
+               (i64)i * p.mask_st[2] + (i64)j * p.mask_st[3]] == 0) {
+        return NEG_INF;
+    }
+#endif
+    return s;
+}
+
+// The keys a block of rows [row0, row1) visits in split `split`: the union
+// of its rows' ranges (ends are monotone in the row), cut to the split.
+__device__ __forceinline__ void block_keys(const Params& p, const SeqMask& m, int row0,
+                                           int row1, int split, int* lo, int* hi) {
+    int last = (row1 < m.ql ? row1 : m.ql) - 1;
+    if (row0 > last) {
+        *lo = 0;
+        *hi = 0;
+        return;
+    }
+    int l0, h0, l1, h1;
+    key_range(p, m, row0, &l0, &h0);
+    key_range(p, m, last, &l1, &h1);
+    int l = l0, h = h1;
+    if (p.num_splits > 1) {
+        int s0 = split * p.keys_per_split;
+        int s1 = s0 + p.keys_per_split;
+        l = l > s0 ? l : s0;
+        h = h < s1 ? h : s1;
+    }
+    *lo = l;
+    *hi = h > l ? h : l;
+}
+
+// The end of a row: normalise and write O and the log-sum-exp (one split),
+// or the partial state (several). `m` and `l` are the row's running max and
+// sum (l includes the sink when there is one and this is the only split).
+__device__ __forceinline__ void row_lse(float m, float l, float* out_lse, float* inv) {
+    if (l > 0.0f && m != NEG_INF) {
+        *inv = 1.0f / l;
+        *out_lse = m + logf(l);
+    } else {
+        *inv = 0.0f;
+        *out_lse = NEG_INF;
+    }
+}

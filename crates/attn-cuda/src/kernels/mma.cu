@@ -1,0 +1,252 @@
+// attn_mma: FlashAttention-2's forward on tensor cores for f16/bf16
+// (ELEM 1 or 2): `mma.sync.m16n8k16` with f32 accumulation. A block of
+// MMA_WARPS warps owns BM = 16 * MMA_WARPS query rows of one head; each warp
+// owns 16 rows. K/V tiles of BLOCK_N keys stream through shared memory; the
+// score tile and the output accumulator live in registers, the online
+// softmax runs on them, and the probabilities are re-packed from the score
+// accumulators into the A operand of P V without touching shared memory.
+//
+// Fragment layouts of m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"),
+// with g = lane / 4 and t = lane % 4:
+//   A (16x16, row-major), 4 regs of 2 elements: a0 (row g, cols 2t..2t+1),
+//     a1 (row g+8, cols 2t..), a2 (row g, cols 2t+8..), a3 (row g+8, cols 2t+8..)
+//   B (16x8, "col": column n contiguous in k), 2 regs: b0 (k 2t..2t+1, col g),
+//     b1 (k 2t+8.., col g)
+//   C (16x8 f32), 4 regs: c0,c1 (row g, cols 2t, 2t+1), c2,c3 (row g+8, same)
+// The element of lower index sits in the lower 16 bits of a register.
+//
+// Shared memory (16-bit elements): Q [BM][DQK_PAD + 8], K [BLOCK_N][DQK_PAD + 8]
+// (B of Q K^T: key n's dims contiguous), and V transposed, [DV_PAD][BLOCK_N + 8]
+// (B of P V: column d's keys contiguous). The +8 padding makes the 32-bit
+// fragment loads of a warp hit 32 distinct banks.
+
+#define MMA_WARPS 4
+#define BM (16 * MMA_WARPS)
+#define QSTR (DQK_PAD + 8)
+#define KSTR (DQK_PAD + 8)
+#define VSTR (BLOCK_N + 8)
+
+__device__ __forceinline__ u32 ld32(const u16* p) {
+    return *(const u32*)p;
+}
+
+__device__ __forceinline__ u16 to_elem_bits(float x) {
+#if ELEM == 1
+    return f32_to_f16(x);
+#else
+    return f32_to_bf16(x);
+#endif
+}
+
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    return (u32)to_elem_bits(lo) | ((u32)to_elem_bits(hi) << 16);
+}
+
+__device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                         u32 b1) {
+#if ELEM == 1
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
+attn_mma(const Params p) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    u16* Qs = (u16*)smem_raw;          // [BM][QSTR]
+    u16* Ks = Qs + BM * QSTR;          // [BLOCK_N][KSTR]
+    u16* Vt = Ks + BLOCK_N * KSTR;     // [DV_PAD][VSTR]
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z / p.num_splits;
+    const int split = blockIdx.z % p.num_splits;
+    const int kvh = h / (p.hq / p.hkv);
+    const int row0 = blockIdx.x * BM;
+    const SeqMask m = seq_mask(p, b);
+    int blo, bhi;
+    block_keys(p, m, row0, row0 + BM, split, &blo, &bhi);
+
+    const u16* qg = (const u16*)p.q;
+    const u16* kg = (const u16*)p.k;
+    const u16* vg = (const u16*)p.v;
+    for (int e = threadIdx.x; e < BM * DQK_PAD; e += blockDim.x) {
+        int r = e / DQK_PAD, d = e % DQK_PAD, i = row0 + r;
+        u16 x = 0;
+        if (i < p.sq && d < DQK) {
+            x = qg[p.q_off + (i64)b * p.q_st[0] + (i64)i * p.q_st[1] + (i64)h * p.q_st[2] +
+                   (i64)d * p.q_st[3]];
+        }
+        Qs[r * QSTR + d] = x;
+    }
+
+    // This thread's two rows: r = 0 is row g of the warp's 16, r = 1 row g + 8.
+    int rows[2], lo[2], hi[2];
+    float mr[2], lr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        rows[r] = row0 + warp * 16 + gq + 8 * r;
+        key_range(p, m, rows[r], &lo[r], &hi[r]);
+        mr[r] = NEG_INF;
+        lr[r] = 0.0f;
+#if HAS_SINKS
+        // The sink is one virtual key: counted once per row (by t == 0).
+        if (p.num_splits == 1 && rows[r] < m.ql) {
+            mr[r] = p.sinks[h];
+            lr[r] = (tq == 0 && mr[r] != NEG_INF) ? 1.0f : 0.0f;
+        }
+#endif
+    }
+    float o[DV_PAD / 8][4];
+#pragma unroll
+    for (int n = 0; n < DV_PAD / 8; ++n) {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    }
+
+    for (int t0 = blo; t0 < bhi; t0 += BLOCK_N) {
+        __syncthreads();  // the previous tile is consumed (and Q stored)
+        for (int e = threadIdx.x; e < BLOCK_N * DQK_PAD; e += blockDim.x) {
+            int r = e / DQK_PAD, d = e % DQK_PAD, j = t0 + r;
+            u16 x = 0;
+            if (j < bhi && d < DQK) {
+                x = kg[p.k_off + (i64)b * p.k_st[0] + (i64)j * p.k_st[1] +
+                       (i64)kvh * p.k_st[2] + (i64)d * p.k_st[3]];
+            }
+            Ks[r * KSTR + d] = x;
+        }
+        // Read along the head dim (coalesced for the usual layouts), store
+        // transposed.
+        for (int e = threadIdx.x; e < BLOCK_N * DV_PAD; e += blockDim.x) {
+            int r = e / DV_PAD, d = e % DV_PAD, j = t0 + r;
+            u16 x = 0;
+            if (j < bhi && d < DV) {
+                x = vg[p.v_off + (i64)b * p.v_st[0] + (i64)j * p.v_st[1] +
+                       (i64)kvh * p.v_st[2] + (i64)d * p.v_st[3]];
+            }
+            Vt[d * VSTR + r] = x;
+        }
+        __syncthreads();
+
+        // S = Q K^T for the warp's 16 rows and the tile's BLOCK_N keys.
+        float s[BLOCK_N / 8][4];
+#pragma unroll
+        for (int n = 0; n < BLOCK_N / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        const u16* qw = Qs + (warp * 16) * QSTR;
+#pragma unroll
+        for (int kk = 0; kk < DQK_PAD / 16; ++kk) {
+            const int c = kk * 16 + 2 * tq;
+            u32 a0 = ld32(qw + gq * QSTR + c);
+            u32 a1 = ld32(qw + (gq + 8) * QSTR + c);
+            u32 a2 = ld32(qw + gq * QSTR + c + 8);
+            u32 a3 = ld32(qw + (gq + 8) * QSTR + c + 8);
+#pragma unroll
+            for (int n = 0; n < BLOCK_N / 8; ++n) {
+                const u16* kr = Ks + (n * 8 + gq) * KSTR + c;
+                mma16816(s[n], a0, a1, a2, a3, ld32(kr), ld32(kr + 8));
+            }
+        }
+
+        // Scores (scale, softcap, ALiBi, bias, masks), then the online
+        // softmax of each of the thread's two rows.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float tmax = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < BLOCK_N / 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int j = t0 + n * 8 + 2 * tq + e;
+                    float x = j < bhi ? score(p, m, b, h, rows[r], j, lo[r], hi[r], s[n][2 * r + e])
+                                      : NEG_INF;
+                    s[n][2 * r + e] = x;
+                    tmax = fmaxf(tmax, x);
+                }
+            }
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+            const float mnew = fmaxf(mr[r], tmax);
+            const float mu = mnew == NEG_INF ? 0.0f : mnew;
+            const float alpha = expf(mr[r] - mu);
+            mr[r] = mnew;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < BLOCK_N / 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float pe = expf(s[n][2 * r + e] - mu);
+                    s[n][2 * r + e] = pe;
+                    sum += pe;
+                }
+            }
+            lr[r] = lr[r] * alpha + sum;
+#pragma unroll
+            for (int n = 0; n < DV_PAD / 8; ++n) {
+                o[n][2 * r] *= alpha;
+                o[n][2 * r + 1] *= alpha;
+            }
+        }
+
+        // O += P V: the score accumulators of key tiles 2kk and 2kk+1 are
+        // exactly the A fragment of k-step kk.
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            u32 a0 = pack2(s[2 * kk][0], s[2 * kk][1]);
+            u32 a1 = pack2(s[2 * kk][2], s[2 * kk][3]);
+            u32 a2 = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            u32 a3 = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int n = 0; n < DV_PAD / 8; ++n) {
+                const u16* vr = Vt + (n * 8 + gq) * VSTR + kk * 16 + 2 * tq;
+                mma16816(o[n], a0, a1, a2, a3, ld32(vr), ld32(vr + 8));
+            }
+        }
+    }
+
+    // The row sums are split over the 4 threads of a row group.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 1);
+        lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = rows[r];
+        if (i >= p.sq) continue;
+        float L, inv;
+        row_lse(mr[r], lr[r], &L, &inv);
+        const i64 prow = (((i64)split * p.batch + b) * p.hq + h) * p.sq + i;
+#pragma unroll
+        for (int n = 0; n < DV_PAD / 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int d = n * 8 + 2 * tq + e;
+                if (d >= DV) continue;
+                const float x = o[n][2 * r + e] * inv;
+                if (p.num_splits == 1) {
+                    store_elem(p.o, p.o_off + (i64)b * p.o_st[0] + (i64)i * p.o_st[1] +
+                                        (i64)h * p.o_st[2] + (i64)d * p.o_st[3],
+                               x);
+                } else {
+                    p.part_o[prow * DV + d] = x;
+                }
+            }
+        }
+        if (tq == 0) {
+            if (p.num_splits == 1) {
+                if (p.lse) p.lse[((i64)b * p.hq + h) * p.sq + i] = L;
+            } else {
+                p.part_lse[prow] = L;
+            }
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! Host logic of a launch, all of it testable without a GPU: the kernel
+//! parameter block (mirrored by `struct Params` in kernels/common.cuh), the
+//! split-KV plan, and the launch geometry.
+
+use crate::variant::{Kernel, Variant};
+use attn_spec::{AttnError, MaskKind, Problem, Result, View};
+
+/// The kernels' parameter block, passed by value. Field order and types
+/// match `struct Params` in `kernels/common.cuh` exactly (`repr(C)`,
+/// pointers as 64-bit device addresses); `params_layout_matches_the_cuda_struct`
+/// checks the offsets the C side assumes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Params {
+    /// Q.
+    pub q: u64,
+    /// K.
+    pub k: u64,
+    /// V.
+    pub v: u64,
+    /// O.
+    pub o: u64,
+    /// Log-sum-exp, `[b, hq, sq]` f32, or 0.
+    pub lse: u64,
+    /// Bias, or 0.
+    pub bias: u64,
+    /// Boolean mask (u8), or 0.
+    pub mask: u64,
+    /// Per-sequence query lengths (i32), or 0.
+    pub q_lens: u64,
+    /// Per-sequence key lengths (i32), or 0.
+    pub kv_lens: u64,
+    /// ALiBi slopes (f32), or 0.
+    pub alibi: u64,
+    /// Sink logits (f32), or 0.
+    pub sinks: u64,
+    /// Split-KV partial outputs (f32), or 0.
+    pub part_o: u64,
+    /// Split-KV partial log-sum-exps (f32), or 0.
+    pub part_lse: u64,
+    /// Strides of Q (batch, seq, head, dim), in elements.
+    pub q_st: [i64; 4],
+    /// Strides of K.
+    pub k_st: [i64; 4],
+    /// Strides of V.
+    pub v_st: [i64; 4],
+    /// Strides of O.
+    pub o_st: [i64; 4],
+    /// Strides of the bias (batch, head, query, key); 0 on broadcast axes.
+    pub bias_st: [i64; 4],
+    /// Strides of the mask, as the bias.
+    pub mask_st: [i64; 4],
+    /// Offset of Q's view.
+    pub q_off: i64,
+    /// Offset of K's view.
+    pub k_off: i64,
+    /// Offset of V's view.
+    pub v_off: i64,
+    /// Offset of O's view.
+    pub o_off: i64,
+    /// Offset of the bias view.
+    pub bias_off: i64,
+    /// Offset of the mask view.
+    pub mask_off: i64,
+    /// Batch.
+    pub batch: i32,
+    /// Query heads.
+    pub hq: i32,
+    /// Key/value heads.
+    pub hkv: i32,
+    /// Query rows.
+    pub sq: i32,
+    /// Keys.
+    pub sk: i32,
+    /// Window: keys left of the diagonal (-1 unbounded).
+    pub left: i32,
+    /// Window: keys right of the diagonal (-1 unbounded).
+    pub right: i32,
+    /// 1 for top-left alignment.
+    pub top_left: i32,
+    /// Split-KV splits (1: no split).
+    pub num_splits: i32,
+    /// Keys per split.
+    pub keys_per_split: i32,
+    /// Score scale.
+    pub scale: f32,
+    /// Soft-cap (unused when the variant has none).
+    pub softcap: f32,
+    /// Padding to a multiple of 8 bytes.
+    pub pad: [i32; 2],
+}
+
+// SAFETY: `Params` is `repr(C)` plain data (integers and floats, no
+// references); the kernel reads it by value with the same layout.
+unsafe impl cudarc::driver::DeviceRepr for Params {}
+
+fn i32_of(what: &'static str, x: usize) -> Result<i32> {
+    i32::try_from(x).map_err(|_| AttnError::Unsupported {
+        backend: "cuda".into(),
+        feature: format!("{what} = {x}"),
+        reason: "the kernels index sequences and heads with 32-bit integers".into(),
+    })
+}
+
+fn strides(v: &View) -> [i64; 4] {
+    // Broadcast axes (size 1) read element 0 whatever their stride.
+    std::array::from_fn(|a| {
+        if v.dims[a] == 1 {
+            0
+        } else {
+            v.strides[a] as i64
+        }
+    })
+}
+
+/// Minimum keys a split should own: below this the combine pass and the
+/// per-split start-up cost more than the parallelism gained.
+pub const MIN_KEYS_PER_SPLIT: usize = 256;
+/// Most splits of one row.
+pub const MAX_SPLITS: usize = 64;
+
+/// How many key splits a launch of `blocks` blocks (query blocks x heads x
+/// batch) over `kv_len` keys should use on a GPU of `sms` multiprocessors,
+/// and the keys per split (a multiple of `block_n`). Splitting pays only
+/// when the blocks alone cannot fill the GPU twice over (decoding: few
+/// query rows, long keys); then enough splits to do so, each at least
+/// [`MIN_KEYS_PER_SPLIT`] keys. Pure: depends on sizes only.
+pub fn plan_splits(blocks: usize, kv_len: usize, sms: usize, block_n: usize) -> (usize, usize) {
+    let target = 2 * sms.max(1);
+    let by_len = kv_len / MIN_KEYS_PER_SPLIT;
+    if blocks >= target || by_len < 2 {
+        return (1, kv_len.max(1));
+    }
+    let want = target.div_ceil(blocks.max(1)).min(by_len).min(MAX_SPLITS);
+    let per = kv_len.div_ceil(want).div_ceil(block_n) * block_n;
+    (kv_len.div_ceil(per), per)
+}
+
+impl Params {
+    /// The sizes, strides and options of `p` (device addresses left 0),
+    /// for `splits` splits of `keys_per_split` keys.
+    pub fn new(p: &Problem, splits: usize, keys_per_split: usize) -> Result<Params> {
+        let s = p.shape;
+        let o = &p.options;
+        let (left, right) = match o.mask {
+            MaskKind::None => (None, None),
+            k => k.window(),
+        };
+        let win = |x: Option<usize>| -> Result<i32> {
+            match x {
+                None => Ok(-1),
+                Some(n) => Ok(i32_of("window size", n.min(i32::MAX as usize - 1))?),
+            }
+        };
+        let off = |v: &View| v.offset as i64;
+        Ok(Params {
+            q_st: strides(&p.q),
+            k_st: strides(&p.k),
+            v_st: strides(&p.v),
+            o_st: p.out.strides.map(|x| x as i64),
+            bias_st: p.bias.map_or([0; 4], |b| strides(&b.view)),
+            mask_st: p.mask.map_or([0; 4], |m| strides(&m)),
+            q_off: off(&p.q),
+            k_off: off(&p.k),
+            v_off: off(&p.v),
+            o_off: off(&p.out),
+            bias_off: p.bias.map_or(0, |b| off(&b.view)),
+            mask_off: p.mask.map_or(0, |m| off(&m)),
+            batch: i32_of("batch", s.batch)?,
+            hq: i32_of("q_heads", s.q_heads)?,
+            hkv: i32_of("kv_heads", s.kv_heads)?,
+            sq: i32_of("q_len", s.q_len)?,
+            sk: i32_of("kv_len", s.kv_len)?,
+            left: win(left)?,
+            right: win(right)?,
+            top_left: i32::from(o.alignment == attn_spec::Alignment::TopLeft),
+            num_splits: i32_of("splits", splits)?,
+            keys_per_split: i32_of("keys per split", keys_per_split)?,
+            scale: p.scale(),
+            softcap: o.softcap.unwrap_or(0.0),
+            ..Params::default()
+        })
+    }
+}
+
+/// Grid and block of a forward kernel: x over query blocks, y over query
+/// heads, z over batch x splits.
+pub fn forward_geometry(v: &Variant, p: &Problem, splits: usize) -> ((u32, u32, u32), u32) {
+    let s = p.shape;
+    let rows = v.kernel.rows_per_block();
+    let grid = (
+        s.q_len.div_ceil(rows).max(1) as u32,
+        s.q_heads as u32,
+        (s.batch * splits) as u32,
+    );
+    (grid, v.kernel.threads())
+}
+
+/// Grid of the combine kernel: one warp per row.
+pub fn combine_geometry(p: &Problem) -> ((u32, u32, u32), u32) {
+    let s = p.shape;
+    let k = Kernel::Combine;
+    (
+        (
+            s.q_len.div_ceil(k.rows_per_block()).max(1) as u32,
+            s.q_heads as u32,
+            s.batch as u32,
+        ),
+        k.threads(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_spec::{AttnOptions, DType, Shape};
+    use std::mem::{offset_of, size_of};
+
+    /// The offsets `struct Params` has under the C rules (8-byte pointers
+    /// and i64s first, then 4-byte ints and floats).
+    #[test]
+    fn params_layout_matches_the_cuda_struct() {
+        assert_eq!(offset_of!(Params, part_lse), 12 * 8);
+        assert_eq!(offset_of!(Params, q_st), 13 * 8);
+        assert_eq!(offset_of!(Params, mask_st), 13 * 8 + 5 * 32);
+        assert_eq!(offset_of!(Params, q_off), 13 * 8 + 6 * 32);
+        assert_eq!(offset_of!(Params, batch), 13 * 8 + 6 * 32 + 6 * 8);
+        assert_eq!(offset_of!(Params, scale), 13 * 8 + 6 * 32 + 6 * 8 + 10 * 4);
+        assert_eq!(size_of::<Params>(), 400);
+        // The C side declares the same fields in the same order.
+        let c = include_str!("kernels/common.cuh");
+        let start = c.find("struct Params {").unwrap();
+        let body = &c[start..start + c[start..].find("};").unwrap()];
+        let mut c_names = Vec::new();
+        for line in body.lines().skip(1) {
+            let code = line.split("//").next().unwrap_or("");
+            for decl in code.split(';').filter(|d| !d.trim().is_empty()) {
+                for (n, declarator) in decl.split(',').enumerate() {
+                    let name = if n == 0 {
+                        declarator.split_whitespace().last().unwrap_or("")
+                    } else {
+                        declarator.trim()
+                    };
+                    let name = name.trim_start_matches('*');
+                    c_names.push(name.split('[').next().unwrap_or("").to_string());
+                }
+            }
+        }
+        let rust = [
+            "q",
+            "k",
+            "v",
+            "o",
+            "lse",
+            "bias",
+            "mask",
+            "q_lens",
+            "kv_lens",
+            "alibi",
+            "sinks",
+            "part_o",
+            "part_lse",
+            "q_st",
+            "k_st",
+            "v_st",
+            "o_st",
+            "bias_st",
+            "mask_st",
+            "q_off",
+            "k_off",
+            "v_off",
+            "o_off",
+            "bias_off",
+            "mask_off",
+            "batch",
+            "hq",
+            "hkv",
+            "sq",
+            "sk",
+            "left",
+            "right",
+            "top_left",
+            "num_splits",
+            "keys_per_split",
+            "scale",
+            "softcap",
+            "pad0",
+            "pad1",
+        ];
+        assert_eq!(c_names, rust);
+    }
+
+    #[test]
+    fn splits_only_when_the_blocks_cannot_fill_the_gpu() {
+        // Prefill: 64 query blocks x 32 heads fill 132 SMs: no split.
+        assert_eq!(plan_splits(64 * 32, 4096, 132, 64), (1, 4096));
+        // Decode, 32 heads x batch 1, 32k keys: 9 splits of 3648 keys.
+        let (n, per) = plan_splits(32, 32768, 132, 64);
+        assert_eq!((n, per), (9, 3648));
+        assert!(n * per >= 32768 && (n - 1) * per < 32768 && per % 64 == 0);
+        // Short keys never split below the minimum.
+        assert_eq!(plan_splits(1, 300, 132, 64), (1, 300));
+        let (n, per) = plan_splits(1, 1024, 132, 64);
+        assert_eq!((n, per), (4, 256));
+        // Never more than MAX_SPLITS.
+        assert!(plan_splits(1, 1 << 24, 132, 64).0 <= MAX_SPLITS);
+        // Zero keys: one split.
+        assert_eq!(plan_splits(1, 0, 132, 64), (1, 1));
+    }
+
+    #[test]
+    fn params_carry_windows_alignment_and_broadcast() {
+        let shape = Shape::new(2, 4, 2, 5, 9, 8);
+        let p = Problem::new(shape, DType::F16)
+            .with_options(AttnOptions::default().causal().top_left())
+            .with_bias(View::contiguous([1, 4, 5, 9]), DType::F32);
+        let k = Params::new(&p, 3, 64).unwrap();
+        assert_eq!((k.left, k.right, k.top_left), (-1, 0, 1));
+        assert_eq!(k.bias_st, [0, 45, 9, 1]);
+        assert_eq!((k.num_splits, k.keys_per_split), (3, 64));
+        assert_eq!(k.q_st, [5 * 4 * 8, 4 * 8, 8, 1]);
+        assert_eq!(k.scale, 1.0 / 8f32.sqrt());
+        let w = Problem::new(shape, DType::F16)
+            .with_options(AttnOptions::default().window(Some(3), None));
+        let k = Params::new(&w, 1, 9).unwrap();
+        assert_eq!((k.left, k.right, k.top_left), (3, -1, 0));
+        let none = Params::new(&Problem::new(shape, DType::F16), 1, 9).unwrap();
+        assert_eq!((none.left, none.right), (-1, -1));
+    }
+
+    #[test]
+    fn geometry() {
+        let p = Problem::new(Shape::new(3, 8, 2, 130, 1000, 64), DType::Bf16);
+        let v = Variant::for_problem(Kernel::Mma, &p, (9, 0));
+        assert_eq!(forward_geometry(&v, &p, 5), ((3, 8, 15), 128));
+        let s = Variant::for_problem(Kernel::Simt, &p, (9, 0));
+        assert_eq!(forward_geometry(&s, &p, 1), ((17, 8, 3), 256));
+        assert_eq!(combine_geometry(&p), ((33, 8, 3), 128));
+    }
+}

@@ -1,0 +1,380 @@
+//! Kernel variants: what is fixed at compile time (`-D` defines), and
+//! therefore what the module cache is keyed on. Only what changes the code
+//! is here: element types, head dims and their padding, tile sizes, which
+//! optional steps exist, and the target architecture; never a tensor value
+//! or a sequence length.
+
+use attn_spec::{DType, MaskKind, Problem};
+
+const COMMON: &str = include_str!("kernels/common.cuh");
+const MMA: &str = include_str!("kernels/mma.cu");
+const SIMT: &str = include_str!("kernels/simt.cu");
+const COMBINE: &str = include_str!("kernels/combine.cu");
+const LINEAR: &str = include_str!("kernels/linear.cu");
+
+/// Largest head dim (Q/K or V) any kernel is built for.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Which kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kernel {
+    /// Tensor-core forward (`mma.sync.m16n8k16`), f16 and bf16.
+    Mma,
+    /// Plain-FMA forward, f32 arithmetic throughout (any element type).
+    Simt,
+    /// The split-KV combine pass.
+    Combine,
+    /// `y = x W^T + b` for the multi-head layer's projections.
+    Linear,
+}
+
+impl Kernel {
+    /// The `extern "C"` function name in the source.
+    pub fn function(self) -> &'static str {
+        match self {
+            Kernel::Mma => "attn_mma",
+            Kernel::Simt => "attn_simt",
+            Kernel::Combine => "attn_combine",
+            Kernel::Linear => "attn_linear",
+        }
+    }
+
+    /// Threads per block (the `*_WARPS` constants of the sources).
+    pub fn threads(self) -> u32 {
+        match self {
+            Kernel::Mma => 4 * 32,
+            Kernel::Simt => 8 * 32,
+            Kernel::Combine => 4 * 32,
+            Kernel::Linear => 16 * 16,
+        }
+    }
+
+    /// Query rows one block owns (forward kernels) or rows per block
+    /// (combine: one warp per row).
+    pub fn rows_per_block(self) -> usize {
+        match self {
+            Kernel::Mma => 64,
+            Kernel::Simt => 8,
+            Kernel::Combine => 4,
+            Kernel::Linear => 16,
+        }
+    }
+
+    /// Head-dim padding unit: the mma k-step and n-tile are 16 and 8 wide
+    /// (16 covers both); the SIMT kernel gives each lane whole columns, 32.
+    fn pad_unit(self) -> usize {
+        match self {
+            Kernel::Mma => 16,
+            _ => 32,
+        }
+    }
+}
+
+/// Everything fixed when a kernel is compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// Element type of Q, K, V and O.
+    pub elem: DType,
+    /// Element type of the bias, if there is one.
+    pub bias: Option<DType>,
+    /// A boolean mask tensor.
+    pub mask: bool,
+    /// A causal or sliding window.
+    pub window: bool,
+    /// Soft-capping.
+    pub softcap: bool,
+    /// ALiBi slopes.
+    pub alibi: bool,
+    /// Attention sinks.
+    pub sinks: bool,
+    /// Head dim of Q and K.
+    pub dqk: usize,
+    /// Head dim of V.
+    pub dv: usize,
+    /// Compute capability, e.g. `(9, 0)`.
+    pub arch: (u32, u32),
+}
+
+/// `x` rounded up to a multiple of `unit`.
+pub fn pad(x: usize, unit: usize) -> usize {
+    x.div_ceil(unit) * unit
+}
+
+fn elem_code(d: DType) -> u32 {
+    match d {
+        DType::F16 => 1,
+        DType::Bf16 => 2,
+        _ => 0,
+    }
+}
+
+impl Variant {
+    /// The variant of `kernel` that computes `problem` on `arch`.
+    pub fn for_problem(kernel: Kernel, problem: &Problem, arch: (u32, u32)) -> Self {
+        let o = &problem.options;
+        Variant {
+            kernel,
+            elem: problem.dtype,
+            bias: problem.bias.map(|b| b.dtype),
+            mask: problem.mask.is_some(),
+            window: o.mask != MaskKind::None,
+            softcap: o.softcap.is_some(),
+            alibi: o.alibi_slopes.is_some(),
+            sinks: o.sinks.is_some(),
+            dqk: problem.shape.head_dim_qk,
+            dv: problem.shape.head_dim_v,
+            arch,
+        }
+    }
+
+    /// Padded head dim of Q/K inside the kernel.
+    pub fn dqk_pad(&self) -> usize {
+        pad(self.dqk.max(1), self.kernel.pad_unit())
+    }
+
+    /// Padded head dim of V inside the kernel.
+    pub fn dv_pad(&self) -> usize {
+        pad(self.dv.max(1), self.kernel.pad_unit())
+    }
+
+    /// Keys per tile of the mma kernel: 64, or 32 when V's head dim is over
+    /// 128 (the output accumulator then takes half the registers; fewer
+    /// score registers keep the total under the 255 a thread may have).
+    pub fn block_n(&self) -> usize {
+        if self.dv_pad() > 128 {
+            32
+        } else {
+            64
+        }
+    }
+
+    /// Dynamic shared memory per block, bytes.
+    pub fn smem_bytes(&self) -> usize {
+        let (dq, dv) = (self.dqk_pad(), self.dv_pad());
+        match self.kernel {
+            Kernel::Mma => {
+                let bn = self.block_n();
+                2 * (64 * (dq + 8) + bn * (dq + 8) + dv * (bn + 8))
+            }
+            Kernel::Simt => 4 * (32 * (dq + 1) + 32 * (dv + 1) + 8 * dq),
+            Kernel::Combine | Kernel::Linear => 0,
+        }
+    }
+
+    /// The `-D` lines this variant is compiled with.
+    pub fn defines(&self) -> String {
+        let b = |x: bool| u32::from(x);
+        let bias = match self.bias {
+            None => 0,
+            Some(DType::F16) => 2,
+            Some(DType::Bf16) => 3,
+            Some(_) => 1,
+        };
+        let mut s = String::new();
+        for (k, v) in [
+            ("ELEM", elem_code(self.elem) as usize),
+            ("BIAS_KIND", bias),
+            ("HAS_MASK", b(self.mask) as usize),
+            ("HAS_WINDOW", b(self.window) as usize),
+            ("HAS_SOFTCAP", b(self.softcap) as usize),
+            ("HAS_ALIBI", b(self.alibi) as usize),
+            ("HAS_SINKS", b(self.sinks) as usize),
+            ("DQK", self.dqk),
+            ("DV", self.dv),
+            ("DQK_PAD", self.dqk_pad()),
+            ("DV_PAD", self.dv_pad()),
+            ("BLOCK_N", self.block_n()),
+        ] {
+            s.push_str(&format!("#define {k} {v}\n"));
+        }
+        s
+    }
+
+    /// The whole translation unit NVRTC compiles.
+    pub fn source(&self) -> String {
+        let body = match self.kernel {
+            Kernel::Mma => MMA,
+            Kernel::Simt => SIMT,
+            Kernel::Combine => COMBINE,
+            Kernel::Linear => LINEAR,
+        };
+        format!("{}{COMMON}\n{body}\n", self.defines())
+    }
+
+    /// `sm_XY` of the target.
+    pub fn arch_name(&self) -> &'static str {
+        arch_name(self.arch)
+    }
+
+    /// A short name for reports.
+    pub fn describe(&self) -> String {
+        let mut f = Vec::new();
+        if let Some(b) = self.bias {
+            f.push(format!("bias:{b}"));
+        }
+        for (on, name) in [
+            (self.mask, "mask"),
+            (self.window, "window"),
+            (self.softcap, "softcap"),
+            (self.alibi, "alibi"),
+            (self.sinks, "sinks"),
+        ] {
+            if on {
+                f.push(name.into());
+            }
+        }
+        format!(
+            "{} {} d{}/{} {} [{}]",
+            self.kernel.function(),
+            self.elem,
+            self.dqk,
+            self.dv,
+            self.arch_name(),
+            f.join(",")
+        )
+    }
+}
+
+/// `sm_XY` for a compute capability NVRTC knows (newer ones compile for
+/// the newest known, which the driver runs through PTX).
+pub fn arch_name(arch: (u32, u32)) -> &'static str {
+    match arch {
+        (7, 5) => "sm_75",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 7) => "sm_87",
+        (8, 9) => "sm_89",
+        (9, _) => "sm_90",
+        (m, _) if m >= 10 => "sm_90",
+        _ => "sm_80",
+    }
+}
+
+/// The variants `cargo xtask cuda-check` compiles for `arch`: every kernel
+/// and element type it runs on, at every head-dim padding class (16 to
+/// 256, including dims that are not a multiple of 16 or 32, and Q/K dims
+/// that differ from V's), each with no optional step and with all of them.
+pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
+    let dims: [(usize, usize); 9] = [
+        (16, 16),
+        (32, 32),
+        (64, 64),
+        (72, 72),
+        (80, 96),
+        (128, 128),
+        (192, 128),
+        (256, 256),
+        (100, 40),
+    ];
+    let mut out = Vec::new();
+    for (kernel, elems) in [
+        (Kernel::Mma, &[DType::F16, DType::Bf16][..]),
+        (Kernel::Simt, &[DType::F32, DType::F16, DType::Bf16][..]),
+        (Kernel::Combine, &[DType::F32, DType::F16, DType::Bf16][..]),
+    ] {
+        for &elem in elems {
+            for &(dqk, dv) in &dims {
+                for all in [false, true] {
+                    out.push(Variant {
+                        kernel,
+                        elem,
+                        bias: all.then_some(DType::F32),
+                        mask: all,
+                        window: all,
+                        softcap: all,
+                        alibi: all,
+                        sinks: all,
+                        dqk,
+                        dv,
+                        arch,
+                    });
+                }
+            }
+        }
+    }
+    for elem in [DType::F32, DType::F16, DType::Bf16] {
+        out.push(Variant {
+            kernel: Kernel::Linear,
+            elem,
+            bias: None,
+            mask: false,
+            window: false,
+            softcap: false,
+            alibi: false,
+            sinks: false,
+            dqk: 1,
+            dv: 1,
+            arch,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_spec::{AttnOptions, Shape};
+
+    #[test]
+    fn padding_and_tiles() {
+        assert_eq!(pad(72, 16), 80);
+        assert_eq!(pad(72, 32), 96);
+        assert_eq!(pad(128, 16), 128);
+        let p = Problem::new(
+            Shape::new(1, 2, 1, 3, 4, 72).with_head_dim_v(200),
+            DType::F16,
+        );
+        let v = Variant::for_problem(Kernel::Mma, &p, (9, 0));
+        assert_eq!((v.dqk_pad(), v.dv_pad(), v.block_n()), (80, 208, 32));
+        // Q [64][88], K [32][88], V^T [208][40], 2 bytes each.
+        assert_eq!(v.smem_bytes(), 2 * (64 * 88 + 32 * 88 + 208 * 40));
+        let s = Variant::for_problem(Kernel::Simt, &p, (9, 0));
+        assert_eq!((s.dqk_pad(), s.dv_pad()), (96, 224));
+    }
+
+    #[test]
+    fn the_key_holds_what_changes_the_code_and_nothing_else() {
+        let shape = Shape::new(2, 4, 2, 100, 300, 64);
+        let a = Problem::new(shape, DType::Bf16).with_options(AttnOptions::default().causal());
+        // Other lengths, batch, heads, scale and window sizes: same code.
+        let b = Problem::new(Shape::new(3, 8, 8, 7, 5000, 64), DType::Bf16).with_options(
+            AttnOptions::default()
+                .window(Some(3), Some(9))
+                .scale(0.5)
+                .with_lse(),
+        );
+        let (va, vb) = (
+            Variant::for_problem(Kernel::Mma, &a, (9, 0)),
+            Variant::for_problem(Kernel::Mma, &b, (9, 0)),
+        );
+        assert_eq!(va, vb);
+        assert_eq!(va.source(), vb.source());
+        // A different dtype, head dim, option or arch: a different module.
+        let c = Problem::new(shape, DType::F16).with_options(AttnOptions::default().causal());
+        assert_ne!(va, Variant::for_problem(Kernel::Mma, &c, (9, 0)));
+        assert_ne!(va, Variant::for_problem(Kernel::Mma, &a, (8, 0)));
+        let d = a
+            .clone()
+            .with_options(AttnOptions::default().causal().softcap(30.0));
+        let vd = Variant::for_problem(Kernel::Mma, &d, (9, 0));
+        assert_ne!(va, vd);
+        assert!(vd.defines().contains("#define HAS_SOFTCAP 1\n"));
+        assert!(va.defines().contains("#define HAS_SOFTCAP 0\n"));
+    }
+
+    #[test]
+    fn the_check_set_covers_every_kernel_and_type() {
+        let v = check_variants((8, 0));
+        for k in [Kernel::Mma, Kernel::Simt, Kernel::Combine, Kernel::Linear] {
+            assert!(v.iter().any(|x| x.kernel == k));
+        }
+        assert!(v
+            .iter()
+            .any(|x| x.kernel == Kernel::Mma && x.elem == DType::Bf16 && x.dv == 256 && x.sinks));
+        assert!(v
+            .iter()
+            .all(|x| x.kernel != Kernel::Mma || x.elem != DType::F32));
+    }
+}

@@ -1,0 +1,106 @@
+//! attn-cuda through the conformance suite on a GPU: every option and
+//! dtype against the f64 reference (both the tensor-core and the FMA
+//! kernel for f16/bf16), the hand-computed cases, bad input, and the
+//! split-KV decoding path. Without a GPU each test prints "skipping: no
+//! GPU" and passes, unless `ATTN_REQUIRE_GPU=1`, which makes it fail.
+
+use attn_conformance::{case_params, check_case, errors, hand, Case, CaseParams, Outcome};
+use attn_cuda::{Cuda, HalfKernel};
+use attn_spec::{AttnError, AttnOptions, DType, Shape};
+use proptest::prelude::*;
+use std::sync::OnceLock;
+
+/// The GPU backends (tensor-core, FMA), or `None` after printing why.
+fn gpu() -> Option<&'static (Cuda, Cuda)> {
+    static G: OnceLock<Option<(Cuda, Cuda)>> = OnceLock::new();
+    G.get_or_init(|| {
+        let both = Cuda::first().and_then(|tc| {
+            let simt = Cuda::first()?.with_half_kernel(HalfKernel::Simt)?;
+            Ok((tc, simt))
+        });
+        match both {
+            Ok(b) => Some(b),
+            Err(e @ (AttnError::NoDevice { .. } | AttnError::DriverMissing { .. })) => {
+                if std::env::var("ATTN_REQUIRE_GPU").as_deref() == Ok("1") {
+                    panic!("ATTN_REQUIRE_GPU=1 but no GPU: {e}");
+                }
+                eprintln!("skipping: no GPU ({e})");
+                None
+            }
+            Err(e) => panic!("a GPU is present but attn-cuda failed to start: {e}"),
+        }
+    })
+    .as_ref()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cuda_passes_the_suite(params in case_params()) {
+        if let Some((tc, simt)) = gpu() {
+            let case = Case::build(params);
+            prop_assert_eq!(check_case(tc, &case), Ok(Outcome::Passed));
+            if case.problem.dtype != DType::F32 {
+                prop_assert_eq!(check_case(simt, &case), Ok(Outcome::Passed));
+            }
+        }
+    }
+}
+
+#[test]
+fn hand_computed_cases() {
+    if let Some((tc, simt)) = gpu() {
+        hand::all(tc).unwrap();
+        hand::all(simt).unwrap();
+    }
+}
+
+#[test]
+fn bad_input_gives_typed_errors() {
+    if let Some((tc, _)) = gpu() {
+        errors::all(tc).unwrap();
+    }
+}
+
+/// Decode shapes (one query row, long keys) take the split-KV path and its
+/// combine kernel; they must pass the same check, with sinks, windows and
+/// per-sequence lengths (one sequence with no key at all).
+#[test]
+fn split_kv_decoding_passes() {
+    let Some((tc, simt)) = gpu() else { return };
+    let cases = [
+        (AttnOptions::default(), DType::F32),
+        (AttnOptions::default().causal().with_lse(), DType::Bf16),
+        (
+            AttnOptions::default()
+                .window(Some(1500), Some(0))
+                .sinks(vec![0.5; 8])
+                .with_lse(),
+            DType::F16,
+        ),
+        (
+            AttnOptions::default().kv_lens(vec![3000, 0]).with_lse(),
+            DType::Bf16,
+        ),
+    ];
+    for (bhsd, (opts, dtype)) in [false, true]
+        .into_iter()
+        .flat_map(|b| cases.clone().map(|c| (b, c)))
+    {
+        let mut params = CaseParams::plain(Shape::new(2, 8, 2, 1, 3500, 64));
+        params.options = opts;
+        params.dtype = dtype;
+        params.bhsd = bhsd;
+        params.seed = 9;
+        let case = Case::build(params);
+        for be in [tc, simt] {
+            assert_eq!(
+                check_case(be, &case),
+                Ok(Outcome::Passed),
+                "{}",
+                case.describe()
+            );
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Nothing in attn-cuda panics on a machine without CUDA: starting the
+//! backend gives an error value that names what is missing, and kernels
+//! compile (or say why they cannot) without a GPU.
+
+use attn_cuda::{compile, variant::check_variants, Cuda};
+use attn_spec::AttnError;
+
+#[test]
+fn starting_without_a_gpu_is_an_error_value() {
+    match Cuda::first() {
+        Ok(c) => eprintln!("a GPU is present: {} {:?}", c.device_name(), c.arch()),
+        Err(AttnError::DriverMissing { library }) => {
+            assert!(
+                library.contains("libcuda") || library.contains("nvrtc"),
+                "{library}"
+            );
+        }
+        Err(AttnError::NoDevice { reason, .. }) => assert!(!reason.is_empty()),
+        Err(e) => panic!("unexpected error kind: {e}"),
+    }
+}
+
+/// A representative kernel of each kind compiles through NVRTC for sm_80
+/// and sm_90 (`cargo xtask cuda-check` compiles every variant and runs
+/// ptxas on them). Without NVRTC this prints why and passes, unless
+/// `ATTN_REQUIRE_NVRTC=1` (set by `.ci/run`, which installs it).
+#[test]
+fn kernels_compile_through_nvrtc_without_a_gpu() {
+    if let Err(e) = attn_cuda::libs::nvrtc() {
+        assert!(matches!(e, AttnError::DriverMissing { .. }), "{e}");
+        if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") {
+            panic!("ATTN_REQUIRE_NVRTC=1 but NVRTC is missing: {e}");
+        }
+        eprintln!("skipping: no NVRTC ({e})");
+        return;
+    }
+    for arch in [(8, 0), (9, 0)] {
+        let all = check_variants(arch);
+        // The first and last variant of each kernel: no options at the
+        // smallest head dim, every option at the largest.
+        let mut picked = Vec::new();
+        for k in [
+            attn_cuda::Kernel::Mma,
+            attn_cuda::Kernel::Simt,
+            attn_cuda::Kernel::Combine,
+            attn_cuda::Kernel::Linear,
+        ] {
+            let of: Vec<_> = all.iter().filter(|v| v.kernel == k).collect();
+            picked.push(*of[0]);
+            picked.push(**of.last().unwrap());
+        }
+        for v in picked {
+            let ptx = compile::ptx(&v).unwrap_or_else(|e| panic!("{}: {e}", v.describe()));
+            let src = ptx.to_src();
+            assert!(src.contains(v.kernel.function()), "{}", v.describe());
+            if v.kernel == attn_cuda::Kernel::Mma {
+                assert!(
+                    src.contains("mma.sync.aligned.m16n8k16"),
+                    "{}",
+                    v.describe()
+                );
+            }
+        }
+    }
+}
+
+/// A compile error comes back as `AttnError::Nvrtc` with the compiler's
+/// log, not a panic.
+#[test]
+fn a_broken_kernel_is_an_nvrtc_error_with_its_log() {
+    if attn_cuda::libs::nvrtc().is_err() {
+        eprintln!("skipping: no NVRTC");
+        return;
+    }
+    let e = compile::compile_source(
+        "broken",
+        "extern \"C\" __global__ void f() { oops; }",
+        Default::default(),
+    )
+    .unwrap_err();
+    match e {
+        AttnError::Nvrtc { variant, log } => {
+            assert_eq!(variant, "broken");
+            assert!(log.contains("oops"), "{log}");
+        }
+        other => panic!("expected an NVRTC error, got {other}"),
+    }
+}

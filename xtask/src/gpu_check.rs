@@ -1,0 +1,182 @@
+//! `cargo xtask gpu-check`: builds attn-cuda's GPU test binaries and its
+//! benchmark for a portable CPU (`x86-64-v3`) and writes one self-contained
+//! folder for a machine that has an NVIDIA GPU, its driver and PyTorch but
+//! no Rust toolchain. `bash run.sh` there runs the conformance suite on the
+//! GPU (`ATTN_REQUIRE_GPU=1`: a missing GPU fails), then times attn-cuda
+//! and PyTorch's `scaled_dot_product_attention` on the same shapes with
+//! CUDA events, and prints TFLOP/s and percent of the measured bf16 matmul
+//! peak. NVRTC comes from PyTorch's own CUDA 12 wheels there
+//! (`nvidia.cuda_nvrtc`), or from `$ATTN_CUDA_LIB_DIR`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# attn-cuda on a GPU: conformance, then attn-cuda vs PyTorch SDPA.
+# Written by `cargo xtask gpu-check`; needs the NVIDIA driver, python3 with
+# torch (CUDA build). Results go to $OUT (default ./out).
+set -uo pipefail
+cd "$(dirname "$0")"
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+if [ -z "${ATTN_CUDA_LIB_DIR:-}" ]; then
+  ATTN_CUDA_LIB_DIR=$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
+fi
+export ATTN_CUDA_LIB_DIR ATTN_REQUIRE_GPU=1
+echo "NVRTC from: ${ATTN_CUDA_LIB_DIR:-system}"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+status=0
+for t in tests/*; do
+  echo "== $t" | tee -a "$OUT/tests.log"
+  if ! timeout 600 "$t" --test-threads=1 >>"$OUT/tests.log" 2>&1; then
+    echo "FAILED: $t" | tee -a "$OUT/tests.log"
+    status=1
+  fi
+  grep -E "^test result|panicked|FAILED" "$OUT/tests.log" | tail -3
+done
+if ! python3 torch_bench.py --attn ./gpu_bench --out "$OUT" ${QUICK:+--quick}; then
+  status=1
+fi
+exit $status
+"#;
+
+const TORCH_BENCH: &str = r#"#!/usr/bin/env python3
+"""attn-cuda vs PyTorch SDPA on the same shapes, both timed with CUDA events
+(median), as TFLOP/s and percent of this GPU's measured bf16 matmul peak.
+Written by `cargo xtask gpu-check`."""
+import argparse, json, subprocess, sys
+import torch
+import torch.nn.functional as F
+
+def median_ms(fn, reps):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); b.record(); b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+def matmul_peak(reps):
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = median_ms(lambda: a @ b, reps)
+    return 2 * n**3 / ms / 1e9
+
+def pairs(r):
+    sq, sk = r["q_len"], r["kv_len"]
+    if not r["causal"]:
+        return sq * sk
+    # bottom-right causal: row i sees keys 0..=i + sk - sq
+    return sum(max(0, min(sk, i + sk - sq + 1)) for i in range(sq))
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--attn", required=True)
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    reps = 5 if args.quick else 20
+    peak = matmul_peak(reps)
+    cmd = [args.attn] + (["--quick"] if args.quick else [])
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stderr.write(p.stderr)
+    rows = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    for r in rows:
+        b, hq, hkv, sq, sk, d = r["batch"], r["q_heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"]
+        t = dt[r["dtype"]]
+        q = torch.rand(b, hq, sq, d, device="cuda", dtype=t) * 2 - 1
+        k = torch.rand(b, hkv, sk, d, device="cuda", dtype=t) * 2 - 1
+        v = torch.rand(b, hkv, sk, d, device="cuda", dtype=t) * 2 - 1
+        causal = r["causal"]
+        # torch's is_causal is top-left; attn's causal is bottom-right: they
+        # agree when sq == sk (every causal shape here).
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv)
+        ms = median_ms(fn, reps)
+        r["torch_ms"] = ms
+        r["torch_tflops"] = 4 * b * hq * d * pairs(r) / ms / 1e9
+        r["attn_tflops"] = 4 * b * hq * d * pairs(r) / r["ms"] / 1e9
+    with open(f"{args.out}/gpu_bench.json", "w") as f:
+        json.dump({"bf16_matmul_peak_tflops": peak, "rows": rows}, f, indent=1)
+    print(f"bf16 matmul peak (8192^3, median of {reps}): {peak:.1f} TFLOP/s")
+    print(f"{'shape':<34} {'kernel':<5} {'attn ms':>9} {'TFLOP/s':>8} {'%peak':>6} {'torch ms':>9} {'TFLOP/s':>8} {'attn/torch':>10}")
+    for r in rows:
+        name = f"{r['name']} {r['dtype']} b{r['batch']} h{r['q_heads']}/{r['kv_heads']} {r['q_len']}x{r['kv_len']}" + (" causal" if r["causal"] else "")
+        print(f"{name:<34} {r['kernel']:<5} {r['ms']:>9.3f} {r['attn_tflops']:>8.1f} {100*r['attn_tflops']/peak:>5.1f}% {r['torch_ms']:>9.3f} {r['torch_tflops']:>8.1f} {r['torch_ms']/r['ms']:>9.2f}x")
+    return 0 if rows else 1
+
+if __name__ == "__main__":
+    sys.exit(main())
+"#;
+
+fn cargo_json(args: &[&str], target_dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(args)
+        .args(["--message-format=json", "--release"])
+        .env("RUSTFLAGS", "-C target-cpu=x86-64-v3")
+        .env("CARGO_TARGET_DIR", target_dir)
+        .current_dir(crate::root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo {} failed", args.join(" ")));
+    }
+    let mut exes = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if let Some(e) = v.get("executable").and_then(|e| e.as_str()) {
+            exes.push(PathBuf::from(e));
+        }
+    }
+    Ok(exes)
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let mut out = crate::target_dir().join("gpu-check");
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
+            other => return Err(format!("gpu-check: unknown option {other}")),
+        }
+    }
+    let build = crate::target_dir().join("gpu-check-build");
+    let tests = cargo_json(&["test", "-p", "attn-cuda", "--no-run"], &build)?;
+    let bench = cargo_json(
+        &["build", "-p", "attn-cuda", "--example", "gpu_bench"],
+        &build,
+    )?;
+    let bench = bench
+        .into_iter()
+        .find(|p| p.file_name().is_some_and(|n| n == "gpu_bench"))
+        .ok_or("no gpu_bench binary was built")?;
+    let _ = std::fs::remove_dir_all(&out);
+    let tdir = out.join("tests");
+    std::fs::create_dir_all(&tdir).map_err(|e| e.to_string())?;
+    for t in &tests {
+        let name = t.file_name().ok_or("test binary without a name")?;
+        std::fs::copy(t, tdir.join(name)).map_err(|e| format!("{}: {e}", t.display()))?;
+    }
+    std::fs::copy(&bench, out.join("gpu_bench")).map_err(|e| e.to_string())?;
+    std::fs::write(out.join("run.sh"), RUN_SH).map_err(|e| e.to_string())?;
+    std::fs::write(out.join("torch_bench.py"), TORCH_BENCH).map_err(|e| e.to_string())?;
+    println!(
+        "gpu-check: wrote {} ({} test binaries, gpu_bench, run.sh, torch_bench.py).\n\
+         On a machine with an NVIDIA GPU, its driver and PyTorch: `bash {}/run.sh` \
+         (QUICK=1 for short timings; results in $OUT, default ./out).",
+        out.display(),
+        tests.len(),
+        out.display()
+    );
+    Ok(())
+}
