@@ -27,12 +27,13 @@ echo "NVRTC from: ${ATTN_CUDA_LIB_DIR:-system}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 status=0
 for t in tests/*; do
-  echo "== $t" | tee -a "$OUT/tests.log"
-  if ! timeout 600 "$t" --test-threads=1 >>"$OUT/tests.log" 2>&1; then
-    echo "FAILED: $t" | tee -a "$OUT/tests.log"
+  log="$OUT/$(basename "$t").log"
+  echo "== $t (log: $log)"
+  if ! timeout 600 "$t" --test-threads=1 >"$log" 2>&1; then
+    echo "FAILED: $t"
     status=1
   fi
-  grep -E "^test result|panicked|FAILED" "$OUT/tests.log" | tail -3
+  grep -E "^test result|panicked|skipping" "$log" | tail -4
 done
 if ! python3 torch_bench.py --attn ./gpu_bench --out "$OUT" ${QUICK:+--quick}; then
   status=1
@@ -115,7 +116,9 @@ if __name__ == "__main__":
     sys.exit(main())
 "#;
 
-fn cargo_json(args: &[&str], target_dir: &Path) -> Result<Vec<PathBuf>, String> {
+/// Runs cargo with `args` for the portable target; returns the executables
+/// it built (test harnesses only when `tests_only`).
+fn cargo_json(args: &[&str], target_dir: &Path, tests_only: bool) -> Result<Vec<PathBuf>, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .args(args)
@@ -134,6 +137,10 @@ fn cargo_json(args: &[&str], target_dir: &Path) -> Result<Vec<PathBuf>, String> 
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
+        let is_test = v.pointer("/profile/test").and_then(|t| t.as_bool()) == Some(true);
+        if tests_only && !is_test {
+            continue;
+        }
         if let Some(e) = v.get("executable").and_then(|e| e.as_str()) {
             exes.push(PathBuf::from(e));
         }
@@ -151,10 +158,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     }
     let build = crate::target_dir().join("gpu-check-build");
-    let tests = cargo_json(&["test", "-p", "attn-cuda", "--no-run"], &build)?;
+    let tests = cargo_json(&["test", "-p", "attn-cuda", "--no-run"], &build, true)?;
     let bench = cargo_json(
         &["build", "-p", "attn-cuda", "--example", "gpu_bench"],
         &build,
+        false,
     )?;
     let bench = bench
         .into_iter()
