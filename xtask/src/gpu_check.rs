@@ -22,7 +22,9 @@ mkdir -p "$OUT"
 if [ -z "${ATTN_CUDA_LIB_DIR:-}" ]; then
   ATTN_CUDA_LIB_DIR=$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
 fi
-export ATTN_CUDA_LIB_DIR ATTN_REQUIRE_GPU=1
+# Generated conformance cases per kernel (each may compile a new variant).
+ATTN_GPU_CASES=${ATTN_GPU_CASES:-128}
+export ATTN_CUDA_LIB_DIR ATTN_REQUIRE_GPU=1 ATTN_GPU_CASES
 echo "NVRTC from: ${ATTN_CUDA_LIB_DIR:-system}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 status=0

@@ -228,9 +228,16 @@ impl Cuda {
         Ok(f)
     }
 
+    /// The tensor-core kernel for f16/bf16 when chosen and its shared
+    /// memory fits this GPU (head dim 256 needs about 100 KB), else FMA.
     fn forward_kernel(&self, p: &Problem) -> Kernel {
         match (p.dtype, self.half_kernel) {
-            (DType::F16 | DType::Bf16, HalfKernel::TensorCore) => Kernel::Mma,
+            (DType::F16 | DType::Bf16, HalfKernel::TensorCore)
+                if Variant::for_problem(Kernel::Mma, p, self.arch).smem_bytes()
+                    <= self.smem_optin =>
+            {
+                Kernel::Mma
+            }
             _ => Kernel::Simt,
         }
     }

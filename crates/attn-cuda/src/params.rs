@@ -86,8 +86,12 @@ pub struct Params {
     pub scale: f32,
     /// Soft-cap (unused when the variant has none).
     pub softcap: f32,
+    /// 1 when K and V may be read 16 bytes at a time: unit stride along the
+    /// head dim, every other stride and the offsets multiples of 8
+    /// elements (device allocations are 256-byte aligned).
+    pub kv_vec: i32,
     /// Padding to a multiple of 8 bytes.
-    pub pad: [i32; 2],
+    pub pad: i32,
 }
 
 // SAFETY: `Params` is `repr(C)` plain data (integers and floats, no
@@ -111,6 +115,14 @@ fn strides(v: &View) -> [i64; 4] {
             v.strides[a] as i64
         }
     })
+}
+
+/// Whether `v`'s rows are runs of 8-element (16-byte, for 16-bit types)
+/// aligned chunks: unit stride along the head dim, every other stride and
+/// the offset multiples of 8.
+fn vec8(v: &View) -> bool {
+    let s = strides(v);
+    v.strides[3] == 1 && v.offset % 8 == 0 && s[..3].iter().all(|x| x % 8 == 0)
 }
 
 /// Minimum keys a split should own: below this the combine pass and the
@@ -178,6 +190,7 @@ impl Params {
             keys_per_split: i32_of("keys per split", keys_per_split)?,
             scale: p.scale(),
             softcap: o.softcap.unwrap_or(0.0),
+            kv_vec: i32::from(p.dtype.size_bytes() == 2 && vec8(&p.k) && vec8(&p.v)),
             ..Params::default()
         })
     }
@@ -284,7 +297,7 @@ mod tests {
             "keys_per_split",
             "scale",
             "softcap",
-            "pad0",
+            "kv_vec",
             "pad1",
         ];
         assert_eq!(c_names, rust);
@@ -320,6 +333,20 @@ mod tests {
         assert_eq!((k.num_splits, k.keys_per_split), (3, 64));
         assert_eq!(k.q_st, [5 * 4 * 8, 4 * 8, 8, 1]);
         assert_eq!(k.scale, 1.0 / 8f32.sqrt());
+        assert_eq!(k.kv_vec, 1, "contiguous f16 rows of 8 elements");
+        let mut odd = p.clone();
+        odd.k.offset = 3;
+        assert_eq!(Params::new(&odd, 1, 9).unwrap().kv_vec, 0, "offset 3");
+        let f32p = Problem::new(shape, DType::F32);
+        assert_eq!(
+            Params::new(&f32p, 1, 9).unwrap().kv_vec,
+            0,
+            "4-byte elements"
+        );
+        let bhsd = Problem::new(shape, DType::Bf16).bhsd();
+        assert_eq!(Params::new(&bhsd, 1, 9).unwrap().kv_vec, 1);
+        let d12 = Problem::new(Shape::new(1, 2, 2, 3, 4, 12), DType::Bf16);
+        assert_eq!(Params::new(&d12, 1, 9).unwrap().kv_vec, 0, "rows of 12");
         let w = Problem::new(shape, DType::F16)
             .with_options(AttnOptions::default().window(Some(3), None));
         let k = Params::new(&w, 1, 9).unwrap();

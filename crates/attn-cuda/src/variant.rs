@@ -155,8 +155,9 @@ impl Variant {
         let (dq, dv) = (self.dqk_pad(), self.dv_pad());
         match self.kernel {
             Kernel::Mma => {
+                // Q, then two stages of K and V.
                 let bn = self.block_n();
-                2 * (64 * (dq + 8) + bn * (dq + 8) + dv * (bn + 8))
+                2 * (64 * (dq + 8) + 2 * (bn * (dq + 8) + bn * (dv + 8)))
             }
             Kernel::Simt => 4 * (32 * (dq + 1) + 32 * (dv + 1) + 8 * dq),
             Kernel::Combine | Kernel::Linear => 0,
@@ -328,8 +329,8 @@ mod tests {
         );
         let v = Variant::for_problem(Kernel::Mma, &p, (9, 0));
         assert_eq!((v.dqk_pad(), v.dv_pad(), v.block_n()), (80, 208, 32));
-        // Q [64][88], K [32][88], V^T [208][40], 2 bytes each.
-        assert_eq!(v.smem_bytes(), 2 * (64 * 88 + 32 * 88 + 208 * 40));
+        // Q [64][88], two stages of K [32][88] and V [32][216], 2 bytes each.
+        assert_eq!(v.smem_bytes(), 2 * (64 * 88 + 2 * (32 * 88 + 32 * 216)));
         let s = Variant::for_problem(Kernel::Simt, &p, (9, 0));
         assert_eq!((s.dqk_pad(), s.dv_pad()), (96, 224));
     }

@@ -47,7 +47,8 @@ struct Params {
     int keys_per_split;
     float scale;
     float softcap;
-    int pad0, pad1;
+    int kv_vec;           // 1: K and V rows may be copied 16 bytes at a time
+    int pad1;
 };
 
 __device__ __forceinline__ float bf16_to_f32(u16 x) {

@@ -15,19 +15,103 @@
 //   C (16x8 f32), 4 regs: c0,c1 (row g, cols 2t, 2t+1), c2,c3 (row g+8, same)
 // The element of lower index sits in the lower 16 bits of a register.
 //
-// Shared memory (16-bit elements): Q [BM][DQK_PAD + 8], K [BLOCK_N][DQK_PAD + 8]
-// (B of Q K^T: key n's dims contiguous), and V transposed, [DV_PAD][BLOCK_N + 8]
-// (B of P V: column d's keys contiguous). The +8 padding makes the 32-bit
-// fragment loads of a warp hit 32 distinct banks.
+// Shared memory (16-bit elements): Q [BM][DQK_PAD + 8], then two stages of
+// K [BLOCK_N][DQK_PAD + 8] and V [BLOCK_N][DV_PAD + 8], all row-major. Q K^T
+// reads its B operand (key n's dims contiguous) with 32-bit loads; P V reads
+// V's columns with `ldmatrix.trans`. The +8 padding keeps rows 16-byte
+// aligned and makes a warp's fragment loads hit 32 distinct banks.
+//
+// Pipeline: while the warps compute on one stage, the next K/V tile streams
+// into the other with `cp.async` (16-byte copies, zero-filled past the last
+// key or head dim) when the layout allows it (`p.kv_vec`: unit stride along
+// the head dim, everything else a multiple of 8 elements), element by
+// element otherwise.
 
 #define MMA_WARPS 4
 #define BM (16 * MMA_WARPS)
 #define QSTR (DQK_PAD + 8)
 #define KSTR (DQK_PAD + 8)
-#define VSTR (BLOCK_N + 8)
+#define VSTR (DV_PAD + 8)
+#define STAGE (BLOCK_N * KSTR + BLOCK_N * VSTR)
 
 __device__ __forceinline__ u32 ld32(const u16* p) {
     return *(const u32*)p;
+}
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, asynchronously; `bytes` < 16 zero-fills the rest.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Two 8x8 16-bit matrices, transposed: lanes 0-7 address the rows of the
+// first, lanes 8-15 of the second. Lane l receives, of each, the elements
+// (rows 2(l%4) and 2(l%4)+1, column l/4): the B fragment of m16n8k16 when
+// the rows are 16 consecutive keys of V and the column block is 8 head dims.
+__device__ __forceinline__ void ldmatrix_x2_trans(const u16* row, u32* b0, u32* b1) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(*b0), "=r"(*b1)
+                 : "r"(smem_addr(row)));
+}
+
+// Loads keys [t0, t0 + BLOCK_N) of K and V (zero past `bhi` and past the
+// head dims) into one stage.
+__device__ __forceinline__ void load_kv(const Params& p, u16* Ks, u16* Vs, int b, int kvh,
+                                        int t0, int bhi) {
+    const u16* kg = (const u16*)p.k;
+    const u16* vg = (const u16*)p.v;
+#if DQK % 8 == 0 && DV % 8 == 0
+    if (p.kv_vec) {
+        for (int e = threadIdx.x; e < BLOCK_N * (DQK_PAD / 8); e += blockDim.x) {
+            const int r = e / (DQK_PAD / 8), d = (e % (DQK_PAD / 8)) * 8, j = t0 + r;
+            const bool ok = j < bhi && d < DQK;
+            const u16* src = ok ? kg + p.k_off + (i64)b * p.k_st[0] + (i64)j * p.k_st[1] +
+                                      (i64)kvh * p.k_st[2] + d
+                                : kg;
+            cp_async16(Ks + r * KSTR + d, src, ok ? 16u : 0u);
+        }
+        for (int e = threadIdx.x; e < BLOCK_N * (DV_PAD / 8); e += blockDim.x) {
+            const int r = e / (DV_PAD / 8), d = (e % (DV_PAD / 8)) * 8, j = t0 + r;
+            const bool ok = j < bhi && d < DV;
+            const u16* src = ok ? vg + p.v_off + (i64)b * p.v_st[0] + (i64)j * p.v_st[1] +
+                                      (i64)kvh * p.v_st[2] + d
+                                : vg;
+            cp_async16(Vs + r * VSTR + d, src, ok ? 16u : 0u);
+        }
+        return;
+    }
+#endif
+    for (int e = threadIdx.x; e < BLOCK_N * DQK_PAD; e += blockDim.x) {
+        const int r = e / DQK_PAD, d = e % DQK_PAD, j = t0 + r;
+        u16 x = 0;
+        if (j < bhi && d < DQK) {
+            x = kg[p.k_off + (i64)b * p.k_st[0] + (i64)j * p.k_st[1] + (i64)kvh * p.k_st[2] +
+                   (i64)d * p.k_st[3]];
+        }
+        Ks[r * KSTR + d] = x;
+    }
+    for (int e = threadIdx.x; e < BLOCK_N * DV_PAD; e += blockDim.x) {
+        const int r = e / DV_PAD, d = e % DV_PAD, j = t0 + r;
+        u16 x = 0;
+        if (j < bhi && d < DV) {
+            x = vg[p.v_off + (i64)b * p.v_st[0] + (i64)j * p.v_st[1] + (i64)kvh * p.v_st[2] +
+                   (i64)d * p.v_st[3]];
+        }
+        Vs[r * VSTR + d] = x;
+    }
 }
 
 __device__ __forceinline__ u16 to_elem_bits(float x) {
@@ -63,8 +147,7 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
 attn_mma(const Params p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     u16* Qs = (u16*)smem_raw;          // [BM][QSTR]
-    u16* Ks = Qs + BM * QSTR;          // [BLOCK_N][KSTR]
-    u16* Vt = Ks + BLOCK_N * KSTR;     // [DV_PAD][VSTR]
+    u16* st0 = Qs + BM * QSTR;         // two stages of K [BLOCK_N][KSTR], V [BLOCK_N][VSTR]
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gq = lane >> 2, tq = lane & 3;
@@ -78,8 +161,6 @@ attn_mma(const Params p) {
     block_keys(p, m, row0, row0 + BM, split, &blo, &bhi);
 
     const u16* qg = (const u16*)p.q;
-    const u16* kg = (const u16*)p.k;
-    const u16* vg = (const u16*)p.v;
     for (int e = threadIdx.x; e < BM * DQK_PAD; e += blockDim.x) {
         int r = e / DQK_PAD, d = e % DQK_PAD, i = row0 + r;
         u16 x = 0;
@@ -113,29 +194,25 @@ attn_mma(const Params p) {
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     }
 
-    for (int t0 = blo; t0 < bhi; t0 += BLOCK_N) {
-        __syncthreads();  // the previous tile is consumed (and Q stored)
-        for (int e = threadIdx.x; e < BLOCK_N * DQK_PAD; e += blockDim.x) {
-            int r = e / DQK_PAD, d = e % DQK_PAD, j = t0 + r;
-            u16 x = 0;
-            if (j < bhi && d < DQK) {
-                x = kg[p.k_off + (i64)b * p.k_st[0] + (i64)j * p.k_st[1] +
-                       (i64)kvh * p.k_st[2] + (i64)d * p.k_st[3]];
-            }
-            Ks[r * KSTR + d] = x;
+    // Stage the first tile; each iteration then prefetches the next tile
+    // into the other stage before computing on its own.
+    if (blo < bhi) {
+        load_kv(p, st0, st0 + BLOCK_N * KSTR, b, kvh, blo, bhi);
+    }
+    cp_async_commit();
+    int stage = 0;
+    for (int t0 = blo; t0 < bhi; t0 += BLOCK_N, stage ^= 1) {
+        const u16* Ks = st0 + stage * STAGE;
+        const u16* Vs = Ks + BLOCK_N * KSTR;
+        if (t0 + BLOCK_N < bhi) {
+            u16* nk = st0 + (stage ^ 1) * STAGE;
+            load_kv(p, nk, nk + BLOCK_N * KSTR, b, kvh, t0 + BLOCK_N, bhi);
+            cp_async_commit();
+            cp_async_wait<1>();  // this tile's copies are done, the next may fly
+        } else {
+            cp_async_wait<0>();
         }
-        // Read along the head dim (coalesced for the usual layouts), store
-        // transposed.
-        for (int e = threadIdx.x; e < BLOCK_N * DV_PAD; e += blockDim.x) {
-            int r = e / DV_PAD, d = e % DV_PAD, j = t0 + r;
-            u16 x = 0;
-            if (j < bhi && d < DV) {
-                x = vg[p.v_off + (i64)b * p.v_st[0] + (i64)j * p.v_st[1] +
-                       (i64)kvh * p.v_st[2] + (i64)d * p.v_st[3]];
-            }
-            Vt[d * VSTR + r] = x;
-        }
-        __syncthreads();
+        __syncthreads();  // every thread's copies (and Q) are visible
 
         // S = Q K^T for the warp's 16 rows and the tile's BLOCK_N keys.
         float s[BLOCK_N / 8][4];
@@ -204,12 +281,17 @@ attn_mma(const Params p) {
             u32 a1 = pack2(s[2 * kk][2], s[2 * kk][3]);
             u32 a2 = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             u32 a3 = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            // Lanes 0-15 address keys kk*16 + (lane % 16); the column block
+            // moves with n.
+            const u16* vrow = Vs + (kk * 16 + (lane & 15)) * VSTR;
 #pragma unroll
             for (int n = 0; n < DV_PAD / 8; ++n) {
-                const u16* vr = Vt + (n * 8 + gq) * VSTR + kk * 16 + 2 * tq;
-                mma16816(o[n], a0, a1, a2, a3, ld32(vr), ld32(vr + 8));
+                u32 b0, b1;
+                ldmatrix_x2_trans(vrow + n * 8, &b0, &b1);
+                mma16816(o[n], a0, a1, a2, a3, b0, b1);
             }
         }
+        __syncthreads();  // this stage is consumed before it is refilled
     }
 
     // The row sums are split over the 4 threads of a row group.
