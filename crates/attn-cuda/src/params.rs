@@ -122,7 +122,7 @@ fn strides(v: &View) -> [i64; 4] {
 /// the offset multiples of 8.
 fn vec8(v: &View) -> bool {
     let s = strides(v);
-    v.strides[3] == 1 && v.offset % 8 == 0 && s[..3].iter().all(|x| x % 8 == 0)
+    v.strides[3] == 1 && v.offset.is_multiple_of(8) && s[..3].iter().all(|x| x % 8 == 0)
 }
 
 /// Minimum keys a split should own: below this the combine pass and the
