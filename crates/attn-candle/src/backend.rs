@@ -139,7 +139,7 @@ impl Backend for CandleBackend {
             return Err(AttnError::Unsupported {
                 backend: self.name(),
                 feature: "non-CPU candle devices".into(),
-                reason: "the CUDA path needs attn-cuda, which does not exist yet".into(),
+                reason: "the op's cuda_fwd (attn-cuda on candle's device buffers) is not written yet".into(),
             });
         }
         match self.engine {
