@@ -139,7 +139,9 @@ impl Backend for CandleBackend {
             return Err(AttnError::Unsupported {
                 backend: self.name(),
                 feature: "non-CPU candle devices".into(),
-                reason: "the op's cuda_fwd (attn-cuda on candle's device buffers) is not written yet".into(),
+                reason:
+                    "the op's cuda_fwd (attn-cuda on candle's device buffers) is not written yet"
+                        .into(),
             });
         }
         match self.engine {

@@ -336,6 +336,12 @@ impl Backend for Cuda {
                 "more than this GPU gives a block",
             );
         }
+        if s.q_heads > 65535 || s.batch > 65535 {
+            return unsupported(
+                format!("batch {} x q_heads {}", s.batch, s.q_heads),
+                "the grid's y (heads) and z (batch x splits) axes hold at most 65535 blocks",
+            );
+        }
         Params::new(p, 1, 1).map(|_| ())
     }
 
@@ -356,7 +362,10 @@ impl Backend for Cuda {
         let kernel = self.forward_kernel(problem);
         let v = Variant::for_problem(kernel, problem, self.arch);
         let blocks = s.q_len.div_ceil(kernel.rows_per_block()) * s.q_heads * s.batch;
-        let (splits, per) = plan_splits(blocks, s.kv_len, self.sms, v.block_n());
+        let (mut splits, mut per) = plan_splits(blocks, s.kv_len, self.sms, v.block_n());
+        if s.batch * splits > 65535 {
+            (splits, per) = (1, s.kv_len.max(1));
+        }
         let mut params = Params::new(problem, splits, per)?;
 
         // Small per-call tensors: lengths, slopes, sinks.
@@ -461,6 +470,15 @@ impl Backend for Cuda {
             });
         }
         let mut y = self.alloc(dtype, rows * out_features)?;
+        if out_features.div_ceil(16) > 65535 {
+            return Err(AttnError::Unsupported {
+                backend: self.name(),
+                feature: format!("{out_features} output features"),
+                reason:
+                    "the projection kernel puts 16 features per block on grid y (at most 65535)"
+                        .into(),
+            });
+        }
         let v = Variant {
             kernel: Kernel::Linear,
             elem: dtype,
@@ -493,8 +511,8 @@ impl Backend for Cuda {
         };
         let cfg = LaunchConfig {
             grid_dim: (
-                out_features.div_ceil(16).max(1) as u32,
                 rows.div_ceil(16).max(1) as u32,
+                out_features.div_ceil(16).max(1) as u32,
                 1,
             ),
             block_dim: (16, 16, 1),

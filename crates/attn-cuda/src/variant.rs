@@ -242,6 +242,14 @@ impl Variant {
 /// the newest known, which the driver runs through PTX).
 pub fn arch_name(arch: (u32, u32)) -> &'static str {
     match arch {
+        (5, 0) => "sm_50",
+        (5, 2) => "sm_52",
+        (5, 3) => "sm_53",
+        (6, 0) => "sm_60",
+        (6, 1) => "sm_61",
+        (6, 2) => "sm_62",
+        (7, 0) => "sm_70",
+        (7, 2) => "sm_72",
         (7, 5) => "sm_75",
         (8, 0) => "sm_80",
         (8, 6) => "sm_86",
@@ -249,7 +257,8 @@ pub fn arch_name(arch: (u32, u32)) -> &'static str {
         (8, 9) => "sm_89",
         (9, _) => "sm_90",
         (m, _) if m >= 10 => "sm_90",
-        _ => "sm_80",
+        (8, _) => "sm_80",
+        _ => "sm_50",
     }
 }
 
@@ -363,6 +372,16 @@ mod tests {
         assert_ne!(va, vd);
         assert!(vd.defines().contains("#define HAS_SOFTCAP 1\n"));
         assert!(va.defines().contains("#define HAS_SOFTCAP 0\n"));
+    }
+
+    #[test]
+    fn every_compute_capability_gets_a_target_nvrtc_knows() {
+        assert_eq!(arch_name((7, 0)), "sm_70");
+        assert_eq!(arch_name((8, 6)), "sm_86");
+        assert_eq!(arch_name((8, 8)), "sm_80");
+        assert_eq!(arch_name((9, 0)), "sm_90");
+        assert_eq!(arch_name((12, 0)), "sm_90");
+        assert_eq!(arch_name((6, 1)), "sm_61");
     }
 
     #[test]

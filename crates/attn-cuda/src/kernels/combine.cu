@@ -26,7 +26,8 @@ attn_combine(const Params p) {
 #endif
     M = sink;
     if (i < m.ql) {
-        for (int s = 0; s < p.num_splits; ++s) M = fmaxf(M, p.part_lse[s * split_rows + row]);
+        // NaN-propagating: a NaN partial (or sink) makes the row NaN.
+        for (int s = 0; s < p.num_splits; ++s) M = nan_max(M, p.part_lse[s * split_rows + row]);
     }
     const bool empty = M == NEG_INF;
     float Z = empty ? 0.0f : expf(sink - M);

@@ -210,15 +210,23 @@ __device__ __forceinline__ void block_keys(const Params& p, const SeqMask& m, in
     *hi = h > l ? h : l;
 }
 
-// The end of a row: normalise and write O and the log-sum-exp (one split),
-// or the partial state (several). `m` and `l` are the row's running max and
-// sum (l includes the sink when there is one and this is the only split).
+// The end of a row: the normaliser and the log-sum-exp from the row's
+// running max `m` and sum `l` (l includes the sink when there is one and
+// this is the only split). Emptiness is decided by `l` alone: l == 0 exactly
+// when nothing took part (a finite max always contributes exp(0) = 1), and
+// a NaN that reached the scores (the max, by fmaxf, skips it; the sum does
+// not) leaves l NaN, so output and log-sum-exp come out NaN as §6 asks.
 __device__ __forceinline__ void row_lse(float m, float l, float* out_lse, float* inv) {
-    if (l > 0.0f && m != NEG_INF) {
-        *inv = 1.0f / l;
-        *out_lse = m + logf(l);
-    } else {
+    if (l == 0.0f) {
         *inv = 0.0f;
         *out_lse = NEG_INF;
+    } else {
+        *inv = 1.0f / l;
+        *out_lse = m + logf(l);
     }
+}
+
+// max(a, b) that returns NaN when either is NaN (fmaxf returns the other).
+__device__ __forceinline__ float nan_max(float a, float b) {
+    return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
 }

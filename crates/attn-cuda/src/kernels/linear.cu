@@ -19,13 +19,14 @@ attn_linear(const LinParams p) {
     __shared__ float xs[LT][LT + 1];
     __shared__ float ws[LT][LT + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int r = blockIdx.y * LT + ty;   // output row
-    const int o = blockIdx.x * LT + tx;   // output feature
+    // Rows on grid x (up to 2^31 - 1 blocks), features on y.
+    const int r = blockIdx.x * LT + ty;   // output row
+    const int o = blockIdx.y * LT + tx;   // output feature
     float acc = 0.0f;
     for (int k0 = 0; k0 < p.in_f; k0 += LT) {
-        const int xr = blockIdx.y * LT + ty, xk = k0 + tx;
+        const int xr = blockIdx.x * LT + ty, xk = k0 + tx;
         xs[ty][tx] = (xr < p.rows && xk < p.in_f) ? load_elem(p.x, (i64)xr * p.in_f + xk) : 0.0f;
-        const int wo = blockIdx.x * LT + ty, wk = k0 + tx;
+        const int wo = blockIdx.y * LT + ty, wk = k0 + tx;
         ws[ty][tx] = (wo < p.out_f && wk < p.in_f) ? load_elem(p.w, (i64)wo * p.in_f + wk) : 0.0f;
         __syncthreads();
 #pragma unroll
