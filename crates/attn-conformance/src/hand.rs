@@ -178,6 +178,60 @@ pub fn nan_propagates<B: Backend>(backend: &B) -> Result<(), String> {
     )
 }
 
+/// Decode shapes that take split-KV paths (one query row, 3500 keys, GQA
+/// 8:2), with sinks, windows and per-sequence lengths (one sequence with no
+/// key at all), in both layouts: generated cases rarely reach them.
+pub fn split_kv_cases() -> Vec<Case> {
+    use attn_spec::DType;
+    let cases = [
+        (AttnOptions::default(), DType::F32),
+        (AttnOptions::default().causal().with_lse(), DType::Bf16),
+        (
+            AttnOptions::default()
+                .window(Some(1500), Some(0))
+                .sinks(vec![0.5; 8])
+                .with_lse(),
+            DType::F16,
+        ),
+        (
+            AttnOptions::default().kv_lens(vec![3000, 0]).with_lse(),
+            DType::F32,
+        ),
+        (
+            AttnOptions::default().kv_lens(vec![3000, 0]).with_lse(),
+            DType::Bf16,
+        ),
+    ];
+    let mut out = Vec::new();
+    for bhsd in [false, true] {
+        for (opts, dtype) in cases.clone() {
+            let mut params = CaseParams::plain(Shape::new(2, 8, 2, 1, 3500, 64));
+            params.options = opts;
+            params.dtype = dtype;
+            params.bhsd = bhsd;
+            params.seed = 9;
+            out.push(Case::build(params));
+        }
+    }
+    out
+}
+
+/// Every [`split_kv_cases`] case on `backend`, checked as [`crate::check_case`] does.
+pub fn split_kv<B: Backend>(backend: &B) -> Result<(), String> {
+    for case in split_kv_cases() {
+        match crate::check_case(backend, &case)? {
+            crate::Outcome::Passed => {}
+            crate::Outcome::Skipped(why) => {
+                return Err(format!(
+                    "{}: skipped a split-KV case: {why}",
+                    case.describe()
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// All hand-computed cases.
 pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
     uniform(backend)?;

@@ -33,38 +33,7 @@ fn bad_input_gives_typed_errors() {
 /// per-sequence lengths.
 #[test]
 fn split_kv_decoding_passes() {
-    let cases = [
-        (AttnOptions::default(), DType::F32),
-        (AttnOptions::default().causal().with_lse(), DType::Bf16),
-        (
-            AttnOptions::default()
-                .window(Some(1500), Some(0))
-                .sinks(vec![0.5; 8])
-                .with_lse(),
-            DType::F16,
-        ),
-        (
-            AttnOptions::default().kv_lens(vec![3000, 0]).with_lse(),
-            DType::F32,
-        ),
-    ];
-    for (bhsd, (opts, dtype)) in [false, true]
-        .into_iter()
-        .flat_map(|b| cases.clone().map(|c| (b, c)))
-    {
-        let mut params = CaseParams::plain(Shape::new(2, 8, 2, 1, 3500, 64));
-        params.options = opts;
-        params.dtype = dtype;
-        params.bhsd = bhsd;
-        params.seed = 9;
-        let case = Case::build(params);
-        assert_eq!(
-            check_case(&Cpu::new(), &case),
-            Ok(Outcome::Passed),
-            "{}",
-            case.describe()
-        );
-    }
+    hand::split_kv(&Cpu::new()).unwrap();
 }
 
 /// The output is bitwise identical for 1, 2 and 3 threads, on the prefill

@@ -479,19 +479,7 @@ impl Backend for Cuda {
                         .into(),
             });
         }
-        let v = Variant {
-            kernel: Kernel::Linear,
-            elem: dtype,
-            bias: None,
-            mask: false,
-            window: false,
-            softcap: false,
-            alibi: false,
-            sinks: false,
-            dqk: 1,
-            dv: 1,
-            arch: self.arch,
-        };
+        let v = Variant::linear(dtype, self.arch);
         let f = self.function(&v)?;
         let st = &self.stream;
         let (xp, _g1) = x.data.device_ptr(st);

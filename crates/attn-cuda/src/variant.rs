@@ -129,6 +129,23 @@ impl Variant {
         }
     }
 
+    /// The projection kernel for `elem` on `arch` (no attention options).
+    pub fn linear(elem: DType, arch: (u32, u32)) -> Self {
+        Variant {
+            kernel: Kernel::Linear,
+            elem,
+            bias: None,
+            mask: false,
+            window: false,
+            softcap: false,
+            alibi: false,
+            sinks: false,
+            dqk: 1,
+            dv: 1,
+            arch,
+        }
+    }
+
     /// Padded head dim of Q/K inside the kernel.
     pub fn dqk_pad(&self) -> usize {
         pad(self.dqk.max(1), self.kernel.pad_unit())
@@ -305,19 +322,7 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
         }
     }
     for elem in [DType::F32, DType::F16, DType::Bf16] {
-        out.push(Variant {
-            kernel: Kernel::Linear,
-            elem,
-            bias: None,
-            mask: false,
-            window: false,
-            softcap: false,
-            alibi: false,
-            sinks: false,
-            dqk: 1,
-            dv: 1,
-            arch,
-        });
+        out.push(Variant::linear(elem, arch));
     }
     out
 }
