@@ -35,6 +35,12 @@ fn hand_computed_cases_on_both_engines() {
 }
 
 #[test]
+fn split_kv_decode_cases_on_both_engines() {
+    hand::split_kv(&CandleBackend::fused_cpu()).unwrap();
+    hand::split_kv(&CandleBackend::plain_cpu()).unwrap();
+}
+
+#[test]
 fn bad_input_gives_typed_errors_on_both_engines() {
     errors::all(&CandleBackend::fused_cpu()).unwrap();
     errors::all(&CandleBackend::plain_cpu()).unwrap();
