@@ -19,13 +19,28 @@ set -uo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-if [ -z "${ATTN_CUDA_LIB_DIR:-}" ]; then
-  ATTN_CUDA_LIB_DIR=$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
+# NVRTC: attn-cuda's cudarc is built for CUDA 12 and loads libnvrtc.so.12 or
+# libnvrtc.so by name. Find an NVRTC (here, the CUDA toolkit's or the one in
+# PyTorch's wheels, CUDA 12 or 13: its C API is the same) and expose it as
+# libnvrtc.so on the loader path, beside its builtins library.
+nv=""
+dirs="${ATTN_CUDA_LIB_DIR:-} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib"
+dirs="$dirs $(python3 -c 'import glob, site
+print(" ".join(sorted({p.rsplit("/", 1)[0] for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/**/libnvrtc.so*", recursive=True)})))' 2>/dev/null)"
+for d in $dirs; do
+  for f in "$d"/libnvrtc.so.12 "$d"/libnvrtc.so.13 "$d"/libnvrtc.so; do
+    if [ -e "$f" ]; then nv="$f"; break 2; fi
+  done
+done
+if [ -n "$nv" ]; then
+  mkdir -p /tmp/attn-nvrtc && ln -sf "$(readlink -f "$nv")" /tmp/attn-nvrtc/libnvrtc.so
+  export LD_LIBRARY_PATH="/tmp/attn-nvrtc:$(dirname "$nv"):${LD_LIBRARY_PATH:-}"
+  ATTN_CUDA_LIB_DIR="/tmp/attn-nvrtc"
 fi
+echo "NVRTC: ${nv:-not found}"
 # Generated conformance cases per kernel (each may compile a new variant).
 ATTN_GPU_CASES=${ATTN_GPU_CASES:-128}
 export ATTN_CUDA_LIB_DIR ATTN_REQUIRE_GPU=1 ATTN_GPU_CASES
-echo "NVRTC from: ${ATTN_CUDA_LIB_DIR:-system}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 status=0
 for t in tests/*; do
