@@ -20,8 +20,8 @@
 //!   bottom-right). `examples/transformer_block.rs` runs a small
 //!   transformer block through it.
 //!
-//! Not yet here: CUDA tensors (the custom op's `cuda_fwd`, which will run
-//! attn-cuda's kernel once that crate exists); on a CUDA device the op
+//! Not yet here: CUDA tensors (the custom op's `cuda_fwd`, which is to run
+//! attn-cuda's kernel on candle's device buffers); on a CUDA device the op
 //! returns candle's "no cuda implementation" error.
 //!
 //! ```

@@ -67,51 +67,37 @@ __device__ __forceinline__ void ldmatrix_x2_trans(const u16* row, u32* b0, u32* 
                  : "r"(smem_addr(row)));
 }
 
-// Loads keys [t0, t0 + BLOCK_N) of K and V (zero past `bhi` and past the
-// head dims) into one stage.
-__device__ __forceinline__ void load_kv(const Params& p, u16* Ks, u16* Vs, int b, int kvh,
-                                        int t0, int bhi) {
-    const u16* kg = (const u16*)p.k;
-    const u16* vg = (const u16*)p.v;
-#if DQK % 8 == 0 && DV % 8 == 0
-    if (p.kv_vec) {
-        for (int e = threadIdx.x; e < BLOCK_N * (DQK_PAD / 8); e += blockDim.x) {
-            const int r = e / (DQK_PAD / 8), d = (e % (DQK_PAD / 8)) * 8, j = t0 + r;
-            const bool ok = j < bhi && d < DQK;
-            const u16* src = ok ? kg + p.k_off + (i64)b * p.k_st[0] + (i64)j * p.k_st[1] +
-                                      (i64)kvh * p.k_st[2] + d
-                                : kg;
-            cp_async16(Ks + r * KSTR + d, src, ok ? 16u : 0u);
-        }
-        for (int e = threadIdx.x; e < BLOCK_N * (DV_PAD / 8); e += blockDim.x) {
-            const int r = e / (DV_PAD / 8), d = (e % (DV_PAD / 8)) * 8, j = t0 + r;
-            const bool ok = j < bhi && d < DV;
-            const u16* src = ok ? vg + p.v_off + (i64)b * p.v_st[0] + (i64)j * p.v_st[1] +
-                                      (i64)kvh * p.v_st[2] + d
-                                : vg;
-            cp_async16(Vs + r * VSTR + d, src, ok ? 16u : 0u);
+// Rows [t0, t0 + BLOCK_N) of one head of K or V (`base`: the head's offset,
+// `row_st`/`dim_st`: its strides along keys and dims) into shared memory [BLOCK_N][STR], zero past
+// `bhi` and past the head dim D. With `vec` (see `Params::kv_vec`) and D a
+// multiple of 8, 16-byte `cp.async` copies; else element by element.
+template <int D, int DPAD, int STR>
+__device__ __forceinline__ void stage_rows(const u16* g, i64 base, i64 row_st, i64 dim_st, u16* s,
+                                           int t0, int bhi, bool vec) {
+    if (D % 8 == 0 && vec) {
+        for (int e = threadIdx.x; e < BLOCK_N * (DPAD / 8); e += blockDim.x) {
+            const int r = e / (DPAD / 8), d = (e % (DPAD / 8)) * 8, j = t0 + r;
+            const bool ok = j < bhi && d < D;
+            const u16* src = ok ? g + base + (i64)j * row_st + d : g;
+            cp_async16(s + r * STR + d, src, ok ? 16u : 0u);
         }
         return;
     }
-#endif
-    for (int e = threadIdx.x; e < BLOCK_N * DQK_PAD; e += blockDim.x) {
-        const int r = e / DQK_PAD, d = e % DQK_PAD, j = t0 + r;
-        u16 x = 0;
-        if (j < bhi && d < DQK) {
-            x = kg[p.k_off + (i64)b * p.k_st[0] + (i64)j * p.k_st[1] + (i64)kvh * p.k_st[2] +
-                   (i64)d * p.k_st[3]];
-        }
-        Ks[r * KSTR + d] = x;
+    for (int e = threadIdx.x; e < BLOCK_N * DPAD; e += blockDim.x) {
+        const int r = e / DPAD, d = e % DPAD, j = t0 + r;
+        s[r * STR + d] = (j < bhi && d < D) ? g[base + (i64)j * row_st + (i64)d * dim_st] : (u16)0;
     }
-    for (int e = threadIdx.x; e < BLOCK_N * DV_PAD; e += blockDim.x) {
-        const int r = e / DV_PAD, d = e % DV_PAD, j = t0 + r;
-        u16 x = 0;
-        if (j < bhi && d < DV) {
-            x = vg[p.v_off + (i64)b * p.v_st[0] + (i64)j * p.v_st[1] + (i64)kvh * p.v_st[2] +
-                   (i64)d * p.v_st[3]];
-        }
-        Vs[r * VSTR + d] = x;
-    }
+}
+
+// Loads keys [t0, t0 + BLOCK_N) of K and V into one stage.
+__device__ __forceinline__ void load_kv(const Params& p, u16* Ks, u16* Vs, int b, int kvh,
+                                        int t0, int bhi) {
+    stage_rows<DQK, DQK_PAD, KSTR>((const u16*)p.k,
+                                   p.k_off + (i64)b * p.k_st[0] + (i64)kvh * p.k_st[2], p.k_st[1], p.k_st[3],
+                                   Ks, t0, bhi, p.kv_vec != 0);
+    stage_rows<DV, DV_PAD, VSTR>((const u16*)p.v,
+                                 p.v_off + (i64)b * p.v_st[0] + (i64)kvh * p.v_st[2], p.v_st[1], p.v_st[3], Vs,
+                                 t0, bhi, p.kv_vec != 0);
 }
 
 __device__ __forceinline__ u16 to_elem_bits(float x) {
