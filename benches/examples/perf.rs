@@ -26,7 +26,14 @@ fn main() {
         );
     }
     let cpu = attn_cpu::Cpu::with_threads(threads).unwrap();
+    let kv: Option<usize> = std::env::var("KV").ok().and_then(|k| k.parse().ok());
     for case in SUITE.iter().filter(|c| c.name.contains(&filter)) {
+        // KV=n: the same case with n keys (e.g. a decode case that fits
+        // in cache, to see the kernel's compute cost alone).
+        let mut case = case.clone();
+        if let Some(n) = kv {
+            case.kv_len = n;
+        }
         let p = if std::env::var_os("BHSD").is_some() {
             case.problem().bhsd()
         } else {
@@ -47,11 +54,13 @@ fn main() {
         }
         let gf = case.flops() / best / 1e9;
         println!(
-            "{:32} {:9.3} ms {:7.1} GFLOP/s {:5.1}% of peak",
+            "{:32} {:9.3} ms {:7.1} GFLOP/s {:5.1}% of peak {:6.1} GB/s of K+V {:6.1} ns/key/kv-head",
             case.name,
             best * 1e3,
             gf,
-            100.0 * gf / peak
+            100.0 * gf / peak,
+            case.kv_bytes() / best / 1e9,
+            best * 1e9 / (case.batch * case.kv_heads * case.kv_len) as f64
         );
     }
 }

@@ -18,9 +18,13 @@
 //!   about 10% faster at head dim 64 and 128 on this project's Zen 4
 //!   machine (`cargo run -p attn-benches --release --example perf`), even
 //!   though the probability tile (`128 x 64` f32 = 32 KiB) then lives in L2.
-//! - [`DECODE_KEYS`] = 64 keys per step of the decode path (keys on the
-//!   lanes): 4 rows x 4 key vectors = 16 accumulators; 128 keys would need
-//!   32 and spill.
+//! - [`DECODE_KEYS`] = 64 keys per step of the decode path: one tile of K
+//!   and V for all heads of a GQA 32:8, d = 128 model is 512 KiB in f32,
+//!   half of a 1 MiB L2, which holds it while the next tile is prefetched
+//!   (`decode.rs`). Measured (`cargo run -p attn-benches --release
+//!   --example perf`, decode 32768 keys): 128 keys doubled the time (the
+//!   tiles no longer fit and the lockstep traversal is not taken), 32 was
+//!   no faster than 64.
 //! - [`mr`]: a microkernel keeps `mr x NV` accumulators. With 4 vectors of
 //!   rows, 6 keys (24 accumulators of 32 registers) cover the FMA latency
 //!   (4 cycles x 2 pipes = 8 chains) three times over and issue 6

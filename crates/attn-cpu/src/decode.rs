@@ -1,21 +1,20 @@
 //! The few-rows path (decoding): blocks of at most [`DECODE_ROWS`] query
-//! rows (one position times a small GQA group) with the *keys* along the
-//! SIMD lanes instead of the rows.
+//! rows (one position times a small GQA group) against key tiles of
+//! [`KEYS`], with the head dimension along the SIMD lanes (the
+//! microkernels are `microkernel::decode`).
 //!
 //! With rows on the lanes (`tiling.rs`), a block of 4 rows would fill 4 of
-//! 16 lanes and waste three quarters of every FMA. Here each key tile is
-//! transposed once (`K^T`, 16 x 16 register transposes), the scores of a
-//! row are `sum_e q[e] * K^T[e][16 keys]` with `q[e]` broadcast, and the
-//! output accumulates `p[j] * V[j][16 columns]` straight from the value
-//! rows, which are read contiguously and need no packing. The online
-//! softmax, masks and finish follow the same contract as the main path;
-//! the per-element terms (soft-cap, ALiBi, bias, boolean mask, boundary
-//! masks) are applied row by row, which is cheap with so few rows.
+//! 16 lanes and waste three quarters of every FMA. Here each key and value
+//! row is read as it lies in memory, without packing or transposing. The
+//! online softmax, masks and finish follow the same contract as the main
+//! path; the per-element terms (soft-cap, ALiBi, bias, boolean mask,
+//! boundary masks) are applied row by row, which is cheap with so few rows.
 
 use crate::blocking::{DECODE_KEYS as KEYS, LANES};
 use crate::element::CpuElement;
 use crate::exp::exp2;
-use crate::pack::{gather_row, kv_rows, prefetch_rows};
+use crate::microkernel::decode as mk;
+use crate::pack::{gather_row, kv_rows, RowStream};
 use crate::simd::{load, store, V};
 use crate::softmax::finish_row;
 use crate::tiling::{Ctx, Workspace};
@@ -33,8 +32,11 @@ const KV: usize = KEYS / LANES;
 /// maximum and sum per row, and the unnormalised output rows.
 pub struct DecodeState {
     /// Query rows scaled into base-2 units (natural units under soft-cap),
-    /// `DECODE_ROWS x dk`, zero past the block.
+    /// `DECODE_ROWS` rows of `qs` (`dk` rounded up to 16), zero past `dk`
+    /// and past the block.
     qd: Vec<f32>,
+    /// Stride of `qd`.
+    qs: usize,
     /// Running maximum per row (base 2).
     m: [f32; DECODE_ROWS],
     /// Running sum per row.
@@ -49,20 +51,22 @@ impl DecodeState {
         let p = ctx.p;
         let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
         assert!(item.rows() <= DECODE_ROWS);
-        let qs = if p.options.softcap.is_some() {
+        let scale = if p.options.softcap.is_some() {
             p.scale()
         } else {
             p.scale() * LOG2_E
         };
-        let mut qd = vec![0.0; DECODE_ROWS * dk];
+        let qs = dk.div_ceil(LANES) * LANES;
+        let mut qd = vec![0.0; DECODE_ROWS * qs];
         for r in 0..item.rows() {
             let (pos, h) = item.row(r);
-            let dst = &mut qd[r * dk..(r + 1) * dk];
+            let dst = &mut qd[r * qs..r * qs + dk];
             gather_row(ctx.q, &p.q, [item.b, pos, h, 0], dk, dst);
-            dst.iter_mut().for_each(|x| *x *= qs);
+            dst.iter_mut().for_each(|x| *x *= scale);
         }
         DecodeState {
             qd,
+            qs,
             m: [f32::NEG_INFINITY; DECODE_ROWS],
             l: [0.0; DECODE_ROWS],
             o: vec![0.0; DECODE_ROWS * dv],
@@ -99,21 +103,17 @@ pub fn run_item<T: CpuElement>(
         let n = KEYS.min(hi - j0);
         let class = mask.classify(item.positions(), j0..j0 + n);
         if class != TileClass::Skip {
-            let next = KEYS.min(hi.saturating_sub(j0 + n));
-            if next > 0 {
-                prefetch_rows(ctx.k, &p.k, g, (j0 + n, next), dk);
-                prefetch_rows(ctx.v, &p.v, g, (j0 + n, next), dv);
-            }
             let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
             let (v, vs) = kv_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
             step(
                 ctx,
                 item,
                 &mut st,
-                (&mut ws.kt, &mut ws.sd),
+                &mut ws.sd,
                 (j0, n, class),
                 (k, ks),
                 (v, vs),
+                ahead(ctx, item.b, item.kvh, j0 + n, hi),
             );
         }
         j0 += n;
@@ -128,11 +128,12 @@ pub fn run_item<T: CpuElement>(
 /// run (the `[batch, seq, heads, dim]` layout), small enough to stage.
 ///
 /// Measured on this project's 2-core machine (GQA 32:8, d = 128, 32768
-/// keys, `cargo run -p attn-benches --release --example perf`): head by
-/// head, each item reads 512-byte slices of rows 4 KiB apart for 1024 keys
-/// (f32: 47 ms on one thread, 25 ms on two; bf16: 52 and 33 ms); tile by
-/// tile over all heads, each tile's rows are consumed whole while they are
-/// open (f32 in place: 35-40 and 20-22 ms; bf16 staged: 24-27 and 15-18 ms).
+/// keys, `cargo run -p attn-benches --release --example perf`, with the
+/// row-by-row prefetching of `pack::RowStream`): head by head, each item
+/// reads 512-byte slices of rows 4 KiB apart for 1024 keys (f32: 41-51 ms
+/// on one thread, 25-30 ms on two; bf16: 43-60 and 22-28 ms); tile by tile
+/// over all heads, each tile's rows are consumed whole while they are open
+/// (f32 in place: 19-22 and 12-13 ms; bf16 staged: 16-20 and 10-12 ms).
 pub fn lockstep_ok<T: CpuElement>(ctx: &Ctx<'_, T>, blocks: &[Item]) -> bool {
     let p = ctx.p;
     let s = p.shape;
@@ -198,10 +199,11 @@ pub fn run_lockstep<T: CpuElement>(
                     ctx,
                     it,
                     st,
-                    (&mut ws.kt, &mut ws.sd),
+                    &mut ws.sd,
                     (j0, n, class),
                     (k, ks),
                     (v, vs),
+                    ahead(ctx, b, it.kvh, j0 + n, hi),
                 );
             }
         } else if class != TileClass::Skip {
@@ -220,10 +222,11 @@ pub fn run_lockstep<T: CpuElement>(
                     ctx,
                     it,
                     st,
-                    (&mut ws.kt, &mut ws.sd),
+                    &mut ws.sd,
                     (j0, n, class),
                     (k, wk),
                     (v, wv),
+                    ahead(ctx, b, it.kvh, j0 + n, hi),
                 );
             }
         }
@@ -232,47 +235,83 @@ pub fn run_lockstep<T: CpuElement>(
     states
 }
 
-/// One key tile `j0..j0+n` for one block: `K^T`, scores, masks and
-/// per-element terms, online softmax, `O = alpha O + P V`. `k` and `v`
-/// hold the tile's rows (`ks`, `vs` apart).
+/// The K and V rows of the next key tile (from key `j`, head `kvh`), to be
+/// prefetched row by row while this tile computes; none past `hi`. They
+/// are the tensor's own rows in its own type, also when this tile was
+/// staged, so they reach the caches before the staging pass reads them.
+fn ahead<T: CpuElement>(
+    ctx: &Ctx<'_, T>,
+    b: usize,
+    kvh: usize,
+    j: usize,
+    hi: usize,
+) -> (RowStream, RowStream) {
+    if j >= hi {
+        return (RowStream::NONE, RowStream::NONE);
+    }
+    let s = ctx.p.shape;
+    (
+        RowStream::of(ctx.k, &ctx.p.k, (b, j, kvh), s.head_dim_qk),
+        RowStream::of(ctx.v, &ctx.p.v, (b, j, kvh), s.head_dim_v),
+    )
+}
+
+/// One key tile `j0..j0+n` for one block: scores, masks and per-element
+/// terms, online softmax, `O = alpha O + P V`. `k` and `v` hold the tile's
+/// rows (`ks`, `vs` apart); the rows of `ahead` are prefetched alongside.
+#[allow(clippy::too_many_arguments)]
 fn step<T: CpuElement>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     st: &mut DecodeState,
-    (kt, sd): (&mut [f32], &mut [f32]),
+    sd: &mut [f32],
     (j0, n, class): (usize, usize, TileClass),
     (k, ks): (&[f32], usize),
     (v, vs): (&[f32], usize),
+    ahead: (RowStream, RowStream),
+) {
+    match item.rows() {
+        1 => step_rows::<T, 1>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        2 => step_rows::<T, 2>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        3 => step_rows::<T, 3>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        _ => step_rows::<T, 4>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+    }
+}
+
+/// [`step`] for a block of `R` rows.
+#[allow(clippy::too_many_arguments)]
+fn step_rows<T: CpuElement, const R: usize>(
+    ctx: &Ctx<'_, T>,
+    item: &Item,
+    st: &mut DecodeState,
+    sd: &mut [f32],
+    (j0, n, class): (usize, usize, TileClass),
+    (k, ks): (&[f32], usize),
+    (v, vs): (&[f32], usize),
+    ahead: (RowStream, RowStream),
 ) {
     let p = ctx.p;
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
-    let rows = item.rows();
+    debug_assert_eq!(item.rows(), R);
     let per_element = ctx.per_element();
-    transpose_keys(k, ks, n, dk, kt);
-    scores(&st.qd, kt, dk, sd);
-    for r in 0..DECODE_ROWS {
+    mk::scores::<R>(&st.qd, st.qs, (k, ks), n, dk, (sd, KEYS), ahead.0);
+    let mut alpha = [1.0f32; R];
+    for (r, a) in alpha.iter_mut().enumerate() {
         let srow = &mut sd[r * KEYS..(r + 1) * KEYS];
-        if r >= rows {
-            srow.fill(f32::NEG_INFINITY);
-            continue;
-        }
         srow[n..].fill(f32::NEG_INFINITY);
         if class == TileClass::Partial || per_element {
             transform_row(ctx, item, r, j0, &mut srow[..n]);
         }
-    }
-    let mut alpha = [1.0f32; DECODE_ROWS];
-    for r in 0..rows {
-        let srow = &mut sd[r * KEYS..(r + 1) * KEYS];
-        let mx = srow[..n].iter().fold(st.m[r], |a, &x| {
-            if a.is_nan() || x.is_nan() {
-                f32::NAN
-            } else {
-                a.max(x)
-            }
-        });
+        // A NaN score need not survive the maximum: its probability is
+        // NaN whatever the shift, and so are the row's sum and output.
+        let mut mv = V::splat(st.m[r]);
+        for c in 0..KV {
+            // SAFETY: c * 16 + 16 <= KEYS = srow.len().
+            mv = mv.fast_max(unsafe { load(srow.as_ptr().add(c * LANES)) });
+        }
+        let mx = mv.to_array().into_iter().fold(f32::NEG_INFINITY, f32::max);
         let shift = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
-        alpha[r] = (st.m[r] - shift).exp2();
+        *a = (st.m[r] - shift).exp2();
         let mut sum = V::ZERO;
         for c in 0..KV {
             // SAFETY: c * 16 + 16 <= KEYS = srow.len().
@@ -281,122 +320,10 @@ fn step<T: CpuElement>(
             unsafe { store(srow.as_mut_ptr().add(c * LANES), e) };
             sum += e;
         }
-        st.l[r] = st.l[r] * alpha[r] + sum.reduce_add();
+        st.l[r] = st.l[r] * *a + sum.reduce_add();
         st.m[r] = mx;
     }
-    accumulate(sd, v, vs, n, dv, &alpha, &mut st.o);
-}
-
-/// `kt[e][j] = k[j][e]` for `j < n` (zero for `n <= j < KEYS`), `e < d`.
-fn transpose_keys(k: &[f32], ks: usize, n: usize, d: usize, kt: &mut [f32]) {
-    assert!(kt.len() >= d * KEYS && (n == 0 || k.len() >= (n - 1) * ks + d));
-    let zero = [0.0f32; LANES];
-    for jb in (0..KEYS).step_by(LANES) {
-        let mut e0 = 0;
-        while e0 + LANES <= d {
-            let blk: [V; LANES] = std::array::from_fn(|i| {
-                let j = jb + i;
-                if j < n {
-                    // SAFETY: key j < n starts at j*ks and has d >= e0+16
-                    // floats (asserted above).
-                    unsafe { load(k.as_ptr().add(j * ks + e0)) }
-                } else {
-                    V::from(zero)
-                }
-            });
-            for (i, t) in crate::simd::transpose16(blk).into_iter().enumerate() {
-                // SAFETY: (e0 + i) * KEYS + jb + 16 <= d * KEYS (asserted).
-                unsafe { store(kt.as_mut_ptr().add((e0 + i) * KEYS + jb), t) };
-            }
-            e0 += LANES;
-        }
-        for e in e0..d {
-            for i in 0..LANES {
-                let j = jb + i;
-                kt[e * KEYS + j] = if j < n { k[j * ks + e] } else { 0.0 };
-            }
-        }
-    }
-}
-
-/// `sd[r][j] = sum_e qd[r][e] * kt[e][j]` for all `DECODE_ROWS` rows and
-/// `KEYS` keys: `DECODE_ROWS x KV` = 16 accumulators.
-fn scores(qd: &[f32], kt: &[f32], d: usize, sd: &mut [f32]) {
-    assert!(qd.len() >= DECODE_ROWS * d && kt.len() >= d * KEYS && sd.len() >= DECODE_ROWS * KEYS);
-    let mut acc = [[V::ZERO; KV]; DECODE_ROWS];
-    for e in 0..d {
-        // SAFETY: row e of kt has KEYS floats (asserted).
-        let kv: [V; KV] =
-            std::array::from_fn(|v| unsafe { load(kt.as_ptr().add(e * KEYS + v * LANES)) });
-        for (r, row) in acc.iter_mut().enumerate() {
-            let q = V::splat(qd[r * d + e]);
-            for (a, &x) in row.iter_mut().zip(&kv) {
-                *a = q.mul_add(x, *a);
-            }
-        }
-    }
-    for (r, row) in acc.iter().enumerate() {
-        for (v, &a) in row.iter().enumerate() {
-            // SAFETY: r < DECODE_ROWS, v < KV: inside sd (asserted).
-            unsafe { store(sd.as_mut_ptr().add(r * KEYS + v * LANES), a) };
-        }
-    }
-}
-
-/// `o[r][c] = alpha[r] o[r][c] + sum_j p[r][j] v[j][c]` over `n` keys, 64
-/// columns (4 vectors x 4 rows = 16 accumulators) at a time.
-fn accumulate(
-    sd: &[f32],
-    v: &[f32],
-    vs: usize,
-    n: usize,
-    dv: usize,
-    alpha: &[f32; DECODE_ROWS],
-    o: &mut [f32],
-) {
-    assert!(
-        o.len() >= DECODE_ROWS * dv
-            && sd.len() >= DECODE_ROWS * KEYS
-            && (n == 0 || v.len() >= (n - 1) * vs + dv)
-    );
-    const CV: usize = 4;
-    let mut c0 = 0;
-    while c0 + CV * LANES <= dv {
-        let mut acc: [[V; CV]; DECODE_ROWS] = std::array::from_fn(|r| {
-            // SAFETY: c0 + 64 <= dv: inside row r of o (asserted).
-            std::array::from_fn(
-                |c| unsafe { load(o.as_ptr().add(r * dv + c0 + c * LANES)) } * V::splat(alpha[r]),
-            )
-        });
-        for j in 0..n {
-            // SAFETY: value row j has dv >= c0 + 64 floats (asserted).
-            let x: [V; CV] =
-                std::array::from_fn(|c| unsafe { load(v.as_ptr().add(j * vs + c0 + c * LANES)) });
-            for (r, row) in acc.iter_mut().enumerate() {
-                let pj = V::splat(sd[r * KEYS + j]);
-                for (a, &xv) in row.iter_mut().zip(&x) {
-                    *a = pj.mul_add(xv, *a);
-                }
-            }
-        }
-        for (r, row) in acc.iter().enumerate() {
-            for (c, &a) in row.iter().enumerate() {
-                // SAFETY: as for the loads.
-                unsafe { store(o.as_mut_ptr().add(r * dv + c0 + c * LANES), a) };
-            }
-        }
-        c0 += CV * LANES;
-    }
-    // Remaining columns (dv not a multiple of 64): scalar.
-    for r in 0..DECODE_ROWS {
-        for c in c0..dv {
-            let mut a = o[r * dv + c] * alpha[r];
-            for j in 0..n {
-                a = sd[r * KEYS + j].mul_add(v[j * vs + c], a);
-            }
-            o[r * dv + c] = a;
-        }
-    }
+    mk::accumulate::<R>((sd, KEYS), (v, vs), n, dv, &alpha, &mut st.o, ahead.1);
 }
 
 /// The contract's per-element steps for row `r` over keys `j0..j0+n`:

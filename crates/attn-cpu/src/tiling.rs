@@ -83,8 +83,6 @@ pub struct Workspace {
     pub orow: Vec<f32>,
     /// Sixteen widened query rows.
     pub qrow: Vec<f32>,
-    /// Decode path: transposed key tile, `dk x KEYS`.
-    pub kt: Vec<f32>,
     /// Decode path: score / probability rows, `DECODE_ROWS x KEYS`.
     pub sd: Vec<f32>,
     /// Decode lockstep path: staged K and V tiles of all heads.
@@ -102,7 +100,6 @@ impl Workspace {
             vbuf: vec![0.0; KEYS * packed_stride(dv)],
             orow: vec![0.0; ROWS * dv],
             qrow: vec![0.0; LANES * dk],
-            kt: vec![0.0; dk * DECODE_KEYS],
             sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
             stage: Vec::new(),
         }

@@ -5,8 +5,11 @@
 //!
 //! Contract (both kernels): `M <= mr(NV)`; every pointer is valid for the
 //! extents stated on the function; nothing is aligned; results are written
-//! with plain stores. Tested against scalar loops below.
+//! with plain stores. `decode` holds the two kernels of the few-rows path
+//! (head dimension along the lanes). All are tested against scalar loops
+//! below.
 
+pub mod decode;
 mod pv;
 mod scores;
 
@@ -128,5 +131,94 @@ mod tests {
     fn pv_matches_scalar_accumulation() {
         pv_nv::<1>();
         pv_nv::<4>();
+    }
+
+    fn decode_scores_r<const R: usize>() {
+        let ss = 64;
+        for d in [1usize, 3, 16, 67, 128] {
+            let qs = d.div_ceil(LANES) * LANES;
+            let ks = d + 3;
+            let mut q = fill(R * qs, 6);
+            for r in 0..R {
+                q[r * qs + d..(r + 1) * qs].fill(0.0);
+            }
+            for n in [1usize, 7, 16, 33, 64] {
+                let k = fill((n - 1) * ks + d, 7);
+                let mut s = vec![f32::NAN; R * ss];
+                decode::scores::<R>(
+                    &q,
+                    qs,
+                    (&k, ks),
+                    n,
+                    d,
+                    (&mut s, ss),
+                    crate::pack::RowStream::NONE,
+                );
+                for r in 0..R {
+                    for j in 0..n {
+                        let want: f64 = (0..d)
+                            .map(|e| f64::from(q[r * qs + e]) * f64::from(k[j * ks + e]))
+                            .sum();
+                        let got = f64::from(s[r * ss + j]);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * d as f64,
+                            "R={R} d={d} n={n} r={r} j={j}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_scores_match_scalar_dot_products() {
+        decode_scores_r::<1>();
+        decode_scores_r::<2>();
+        decode_scores_r::<3>();
+        decode_scores_r::<4>();
+    }
+
+    fn decode_accumulate_r<const R: usize>() {
+        let ps = 64;
+        for dv in [1usize, 5, 16, 67, 128, 200] {
+            let vs = dv + 2;
+            for n in [0usize, 1, 9, 64] {
+                let v = fill(n.max(1) * vs, 8);
+                let p = fill(R * ps, 9);
+                let o0 = fill(R * dv, 10);
+                let alpha: [f32; R] = std::array::from_fn(|r| 0.25 + r as f32 / 4.0);
+                let mut o = o0.clone();
+                decode::accumulate::<R>(
+                    (&p, ps),
+                    (&v, vs),
+                    n,
+                    dv,
+                    &alpha,
+                    &mut o,
+                    crate::pack::RowStream::NONE,
+                );
+                for r in 0..R {
+                    for c in 0..dv {
+                        let want = f64::from(alpha[r]) * f64::from(o0[r * dv + c])
+                            + (0..n)
+                                .map(|j| f64::from(p[r * ps + j]) * f64::from(v[j * vs + c]))
+                                .sum::<f64>();
+                        let got = f64::from(o[r * dv + c]);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (n + 1) as f64,
+                            "R={R} dv={dv} n={n} r={r} c={c}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_accumulate_matches_scalar_accumulation() {
+        decode_accumulate_r::<1>();
+        decode_accumulate_r::<2>();
+        decode_accumulate_r::<3>();
+        decode_accumulate_r::<4>();
     }
 }
