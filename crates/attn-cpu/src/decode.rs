@@ -14,7 +14,7 @@ use crate::blocking::{DECODE_KEYS as KEYS, LANES};
 use crate::element::CpuElement;
 use crate::exp::exp2;
 use crate::microkernel::decode as mk;
-use crate::pack::{gather_row, kv_rows, RowStream};
+use crate::pack::{gather_row, kv_rows, typed_rows, RowStream};
 use crate::simd::{load, store, V};
 use crate::softmax::finish_row;
 use crate::tiling::{Ctx, Workspace};
@@ -92,29 +92,17 @@ pub fn run_item<T: CpuElement>(
     sinks: Option<&[f32]>,
 ) -> Vec<(f32, f32)> {
     let p = ctx.p;
-    let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
+    let dv = p.shape.head_dim_v;
     let mut st = DecodeState::new(ctx, item);
     let mask = p.seq_mask(item.b);
     let span = mask.kv_span(item.positions());
     let (lo, hi) = (span.start.max(item.keys.start), span.end.min(item.keys.end));
-    let g = (item.b, item.kvh);
     let mut j0 = lo;
     while j0 < hi {
         let n = KEYS.min(hi - j0);
         let class = mask.classify(item.positions(), j0..j0 + n);
         if class != TileClass::Skip {
-            let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
-            let (v, vs) = kv_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
-            step(
-                ctx,
-                item,
-                &mut st,
-                &mut ws.sd,
-                (j0, n, class),
-                (k, ks),
-                (v, vs),
-                ahead(ctx, item.b, item.kvh, j0 + n, hi),
-            );
+            tile(ctx, item, &mut st, ws, (j0, n, class), hi);
         }
         j0 += n;
     }
@@ -125,7 +113,8 @@ pub fn run_item<T: CpuElement>(
 /// Whether a problem's blocks run in lockstep over shared key tiles: every
 /// block is decode-sized, the blocks of a batch entry share their
 /// positions, and each key's rows of all key/value heads are one contiguous
-/// run (the `[batch, seq, heads, dim]` layout), small enough to stage.
+/// run (the `[batch, seq, heads, dim]` layout), and one tile of them fits
+/// in half an L2.
 ///
 /// Measured on this project's 2-core machine (GQA 32:8, d = 128, 32768
 /// keys, `cargo run -p attn-benches --release --example perf`, with the
@@ -133,16 +122,17 @@ pub fn run_item<T: CpuElement>(
 /// reads 512-byte slices of rows 4 KiB apart for 1024 keys (f32: 41-51 ms
 /// on one thread, 25-30 ms on two; bf16: 43-60 and 22-28 ms); tile by tile
 /// over all heads, each tile's rows are consumed whole while they are open
-/// (f32 in place: 19-22 and 12-13 ms; bf16 staged: 16-20 and 10-12 ms).
+/// (f32: 19-22 and 12-13 ms; bf16, then widened into a staging area once
+/// per tile: 16-20 and 10-12 ms; bf16 read in place: 11-13 and 8-8.5 ms).
 pub fn lockstep_ok<T: CpuElement>(ctx: &Ctx<'_, T>, blocks: &[Item]) -> bool {
     let p = ctx.p;
     let s = p.shape;
     let contiguous = |v: &attn_spec::View, d: usize| {
         (v.strides[3] == 1 || d == 1) && (v.strides[2] == d || s.kv_heads == 1)
     };
-    let stage = KEYS * s.kv_heads * (s.head_dim_qk + s.head_dim_v) * 4;
+    let tile = KEYS * s.kv_heads * (s.head_dim_qk + s.head_dim_v) * std::mem::size_of::<T>();
     s.kv_heads > 1
-        && stage <= STAGE_BYTES
+        && tile <= TILE_BYTES
         && contiguous(&p.k, s.head_dim_qk)
         && contiguous(&p.v, s.head_dim_v)
         && blocks.iter().all(|it| {
@@ -154,15 +144,14 @@ pub fn lockstep_ok<T: CpuElement>(ctx: &Ctx<'_, T>, blocks: &[Item]) -> bool {
         })
 }
 
-/// Largest staging area (K and V tiles of all heads) per thread: half of a
-/// 1 MiB L2, so the staged tiles and the per-head panels stay in it.
-const STAGE_BYTES: usize = 512 * 1024;
+/// Largest K and V tile of all heads in lockstep: half of a 1 MiB L2, which
+/// holds it while the next one is prefetched.
+const TILE_BYTES: usize = 512 * 1024;
 
 /// Runs every block of one batch entry (`blocks`, all sharing positions)
 /// over the keys `keys`, tile by tile in lockstep: each tile's K and V rows
-/// of all heads are one contiguous run in memory; f32 rows are read in
-/// place by one head after the other, 16-bit rows are first widened, in
-/// one sequential pass, into a staging area. Consuming whole rows is what
+/// of all heads are one contiguous run in memory, read in place by one
+/// head after the other. Consuming whole rows is what
 /// brings decoding towards memory bandwidth: a throwaway probe here read
 /// per-head 512-byte slices of rows 4 KiB apart at 6.7 GB/s per thread and
 /// contiguous rows at 18 GB/s. Returns each block's state.
@@ -173,61 +162,21 @@ pub fn run_lockstep<T: CpuElement>(
     ws: &mut Workspace,
 ) -> Vec<DecodeState> {
     let p = ctx.p;
-    let s = p.shape;
-    let (dk, dv) = (s.head_dim_qk, s.head_dim_v);
     let b = blocks[0].b;
     let mut states: Vec<DecodeState> = blocks.iter().map(|it| DecodeState::new(ctx, it)).collect();
     let mask = p.seq_mask(b);
     let positions = blocks[0].positions();
     let span = mask.kv_span(positions.clone());
     let (lo, hi) = (span.start.max(keys.start), span.end.min(keys.end));
-    let (wk, wv) = (s.kv_heads * dk, s.kv_heads * dv);
-    ws.stage.resize(KEYS * (wk + wv), 0.0);
     let mut j0 = lo;
     while j0 < hi {
         let n = KEYS.min(hi - j0);
         let class = mask.classify(positions.clone(), j0..j0 + n);
-        if class != TileClass::Skip && T::as_f32(ctx.k).is_some() {
-            // f32 rows are read in place, head after head over the same
-            // tile rows, so each tile's rows are consumed whole while
-            // they are open.
+        if class != TileClass::Skip {
+            // Head after head over the same tile rows, so each tile's rows
+            // are consumed whole while they are open.
             for (it, st) in blocks.iter().zip(states.iter_mut()) {
-                let g = (b, it.kvh);
-                let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
-                let (v, vs) = kv_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
-                step(
-                    ctx,
-                    it,
-                    st,
-                    &mut ws.sd,
-                    (j0, n, class),
-                    (k, ks),
-                    (v, vs),
-                    ahead(ctx, b, it.kvh, j0 + n, hi),
-                );
-            }
-        } else if class != TileClass::Skip {
-            let (sk, sv) = ws.stage.split_at_mut(KEYS * wk);
-            for j in 0..n {
-                let at = p.k.index([b, j0 + j, 0, 0]);
-                T::widen(&ctx.k[at..at + wk], &mut sk[j * wk..(j + 1) * wk]);
-                let at = p.v.index([b, j0 + j, 0, 0]);
-                T::widen(&ctx.v[at..at + wv], &mut sv[j * wv..(j + 1) * wv]);
-            }
-            for (it, st) in blocks.iter().zip(states.iter_mut()) {
-                let (g0, v0) = (it.kvh * dk, it.kvh * dv);
-                let k = &sk[g0..(n - 1) * wk + g0 + dk];
-                let v = &sv[v0..(n - 1) * wv + v0 + dv];
-                step(
-                    ctx,
-                    it,
-                    st,
-                    &mut ws.sd,
-                    (j0, n, class),
-                    (k, wk),
-                    (v, wv),
-                    ahead(ctx, b, it.kvh, j0 + n, hi),
-                );
+                tile(ctx, it, st, ws, (j0, n, class), hi);
             }
         }
         j0 += n;
@@ -235,10 +184,39 @@ pub fn run_lockstep<T: CpuElement>(
     states
 }
 
+/// One key tile `j0..j0+n` (of a range ending at `hi`) for one block: K
+/// and V rows read in place in their own type when each row is contiguous
+/// (the kernels widen 16 elements at a time), else widened into the
+/// workspace first.
+fn tile<T: CpuElement>(
+    ctx: &Ctx<'_, T>,
+    item: &Item,
+    st: &mut DecodeState,
+    ws: &mut Workspace,
+    (j0, n, class): (usize, usize, TileClass),
+    hi: usize,
+) {
+    let p = ctx.p;
+    let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
+    let g = (item.b, item.kvh);
+    let next = ahead(ctx, item.b, item.kvh, j0 + n, hi);
+    let at = (j0, n, class);
+    match (
+        typed_rows(ctx.k, &p.k, g, (j0, n), dk),
+        typed_rows(ctx.v, &p.v, g, (j0, n), dv),
+    ) {
+        (Some(k), Some(v)) => step(ctx, item, st, &mut ws.sd, at, k, v, next),
+        _ => {
+            let k = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
+            let v = kv_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
+            step(ctx, item, st, &mut ws.sd, at, k, v, next)
+        }
+    }
+}
+
 /// The K and V rows of the next key tile (from key `j`, head `kvh`), to be
 /// prefetched row by row while this tile computes; none past `hi`. They
-/// are the tensor's own rows in its own type, also when this tile was
-/// staged, so they reach the caches before the staging pass reads them.
+/// are the tensor's own rows in its own type.
 fn ahead<T: CpuElement>(
     ctx: &Ctx<'_, T>,
     b: usize,
@@ -260,41 +238,41 @@ fn ahead<T: CpuElement>(
 /// terms, online softmax, `O = alpha O + P V`. `k` and `v` hold the tile's
 /// rows (`ks`, `vs` apart); the rows of `ahead` are prefetched alongside.
 #[allow(clippy::too_many_arguments)]
-fn step<T: CpuElement>(
+fn step<T: CpuElement, E: CpuElement>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     st: &mut DecodeState,
     sd: &mut [f32],
     (j0, n, class): (usize, usize, TileClass),
-    (k, ks): (&[f32], usize),
-    (v, vs): (&[f32], usize),
+    (k, ks): (&[E], usize),
+    (v, vs): (&[E], usize),
     ahead: (RowStream, RowStream),
 ) {
     match item.rows() {
-        1 => step_rows::<T, 1>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
-        2 => step_rows::<T, 2>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
-        3 => step_rows::<T, 3>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
-        _ => step_rows::<T, 4>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        1 => step_rows::<T, E, 1>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        2 => step_rows::<T, E, 2>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        3 => step_rows::<T, E, 3>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        _ => step_rows::<T, E, 4>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
     }
 }
 
 /// [`step`] for a block of `R` rows.
 #[allow(clippy::too_many_arguments)]
-fn step_rows<T: CpuElement, const R: usize>(
+fn step_rows<T: CpuElement, E: CpuElement, const R: usize>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     st: &mut DecodeState,
     sd: &mut [f32],
     (j0, n, class): (usize, usize, TileClass),
-    (k, ks): (&[f32], usize),
-    (v, vs): (&[f32], usize),
+    (k, ks): (&[E], usize),
+    (v, vs): (&[E], usize),
     ahead: (RowStream, RowStream),
 ) {
     let p = ctx.p;
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
     debug_assert_eq!(item.rows(), R);
     let per_element = ctx.per_element();
-    mk::scores::<R>(&st.qd, st.qs, (k, ks), n, dk, (sd, KEYS), ahead.0);
+    mk::scores::<E, R>(&st.qd, st.qs, (k, ks), n, dk, (sd, KEYS), ahead.0);
     let mut alpha = [1.0f32; R];
     for (r, a) in alpha.iter_mut().enumerate() {
         let srow = &mut sd[r * KEYS..(r + 1) * KEYS];
@@ -323,7 +301,7 @@ fn step_rows<T: CpuElement, const R: usize>(
         st.l[r] = st.l[r] * *a + sum.reduce_add();
         st.m[r] = mx;
     }
-    mk::accumulate::<R>((sd, KEYS), (v, vs), n, dv, &alpha, &mut st.o, ahead.1);
+    mk::accumulate::<E, R>((sd, KEYS), (v, vs), n, dv, &alpha, &mut st.o, ahead.1);
 }
 
 /// The contract's per-element steps for row `r` over keys `j0..j0+n`:

@@ -1,6 +1,7 @@
 //! Input element types on the CPU: how a row of f32, f16 or bf16 becomes
 //! the f32 the kernels compute in, and how results are rounded back.
 
+use crate::simd::V;
 use attn_spec::{bf16, f16, Element, HostData};
 use half::slice::HalfFloatSliceExt;
 
@@ -10,6 +11,12 @@ pub trait CpuElement: Element {
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// Widens `src` into `dst` (same length).
     fn widen(src: &[Self], dst: &mut [f32]);
+    /// Loads 16 elements from `p` (unaligned), widened to f32: how the
+    /// decode kernels read K and V rows in place, whatever their type.
+    ///
+    /// # Safety
+    /// `p..p+16` must be readable elements.
+    unsafe fn load16(p: *const Self) -> V;
     /// Stores `src * f` into `dst` (same length), rounding once.
     fn store_scaled(src: &[f32], f: f32, dst: &mut [Self]);
     /// The typed slice inside host data of this type.
@@ -24,6 +31,11 @@ impl CpuElement for f32 {
     }
     fn widen(src: &[f32], dst: &mut [f32]) {
         crate::pack::copy_row(src, dst);
+    }
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> V {
+        // SAFETY: the caller guarantees 16 readable f32 at `p`.
+        unsafe { crate::simd::load(p) }
     }
     fn store_scaled(src: &[f32], f: f32, dst: &mut [f32]) {
         for (d, &s) in dst.iter_mut().zip(src) {
@@ -51,6 +63,26 @@ impl CpuElement for f16 {
     fn widen(src: &[f16], dst: &mut [f32]) {
         // Uses F16C when the CPU has it (detected at run time by `half`).
         src.convert_to_f32_slice(dst);
+    }
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> V {
+        // SAFETY: the caller guarantees 16 readable elements at `p`.
+        let h = unsafe { (p as *const [u16; 16]).read_unaligned() };
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+        {
+            use std::arch::x86_64::*;
+            // SAFETY: compiled only when the whole build enables avx512f
+            // (vcvtph2ps on zmm is AVX-512F); `h` is 32 readable bytes.
+            unsafe {
+                V::from(_mm512_cvtph_ps(_mm256_loadu_si256(
+                    h.as_ptr() as *const __m256i
+                )))
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512f")))]
+        {
+            V::from(h.map(|x| f16::from_bits(x).to_f32()))
+        }
     }
     fn store_scaled(src: &[f32], f: f32, dst: &mut [f16]) {
         let mut buf = [0.0f32; 64];
@@ -85,6 +117,26 @@ impl CpuElement for bf16 {
             *d = f32::from_bits(u32::from(s.to_bits()) << 16);
         }
     }
+    #[inline(always)]
+    unsafe fn load16(p: *const bf16) -> V {
+        // SAFETY: the caller guarantees 16 readable elements at `p`.
+        let h = unsafe { (p as *const [u16; 16]).read_unaligned() };
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+        {
+            use std::arch::x86_64::*;
+            // SAFETY: compiled only when the whole build enables avx512f;
+            // `h` is 32 readable bytes. Zero-extend to 32 bits and shift:
+            // bf16 is the top half of an f32.
+            unsafe {
+                let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(h.as_ptr() as *const __m256i));
+                V::from(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(w)))
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512f")))]
+        {
+            V::from(h.map(|x| f32::from_bits(u32::from(x) << 16)))
+        }
+    }
     fn store_scaled(src: &[f32], f: f32, dst: &mut [bf16]) {
         for (d, &s) in dst.iter_mut().zip(src) {
             *d = bf16::from_f32(s * f);
@@ -101,5 +153,30 @@ impl CpuElement for bf16 {
             HostData::Bf16(v) => Some(v),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load16_matches_to_f32<E: CpuElement>(from: fn(f32) -> E) {
+        let xs: Vec<E> = (0..19)
+            .map(|i| from((i as f32 - 9.0) * 0.37 + 1e-3 * i as f32))
+            .collect();
+        for start in 0..3 {
+            // SAFETY: start + 16 <= 19 elements.
+            let v = unsafe { E::load16(xs[start..].as_ptr()) }.to_array();
+            for (i, &got) in v.iter().enumerate() {
+                assert_eq!(got, xs[start + i].to_f32(), "element {}", start + i);
+            }
+        }
+    }
+
+    #[test]
+    fn load16_widens_like_the_scalar_conversion() {
+        load16_matches_to_f32::<f32>(|x| x);
+        load16_matches_to_f32::<f16>(f16::from_f32);
+        load16_matches_to_f32::<bf16>(bf16::from_f32);
     }
 }

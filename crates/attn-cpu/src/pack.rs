@@ -134,6 +134,26 @@ pub fn copy_row(src: &[f32], dst: &mut [f32]) {
     }
 }
 
+/// Rows `j0..j0+n` (batch `b`, head `g`) of a K or V tensor in place, in
+/// their own type, with their stride: `None` unless each row's `d`
+/// elements are contiguous.
+pub fn typed_rows<'a, T>(
+    src: &'a [T],
+    view: &View,
+    (b, g): (usize, usize),
+    (j0, n): (usize, usize),
+    d: usize,
+) -> Option<(&'a [T], usize)> {
+    if n == 0 || (view.strides[3] != 1 && d != 1) {
+        return None;
+    }
+    let start = view.index([b, j0, g, 0]);
+    let stride = if n > 1 { view.strides[1] } else { d };
+    // Keys j0..j0+n: the last one ends at start + (n-1)*stride + d.
+    let end = start + (n - 1) * stride + d;
+    Some((&src[start..end], stride))
+}
+
 /// Rows `j0..j0+n` of K or V for batch `b`, head `g`, as a pointer to f32
 /// rows and their stride: into the caller's tensor when it is f32 with unit
 /// stride along the head dimension, else widened into `scratch`.
@@ -146,12 +166,8 @@ pub fn kv_rows<'a, T: CpuElement>(
     scratch: &'a mut [f32],
 ) -> (&'a [f32], usize) {
     if let Some(f) = T::as_f32(src) {
-        if view.strides[3] == 1 || d == 1 {
-            let start = view.index([b, j0, g, 0]);
-            let stride = if n > 1 { view.strides[1] } else { d };
-            // Keys j0..j0+n: the last one ends at start + (n-1)*stride + d.
-            let end = start + (n - 1) * stride + d;
-            return (&f[start..end], stride);
+        if let Some(rows) = typed_rows(f, view, (b, g), (j0, n), d) {
+            return rows;
         }
     }
     for j in 0..n {

@@ -85,8 +85,6 @@ pub struct Workspace {
     pub qrow: Vec<f32>,
     /// Decode path: score / probability rows, `DECODE_ROWS x KEYS`.
     pub sd: Vec<f32>,
-    /// Decode lockstep path: staged K and V tiles of all heads.
-    pub stage: Vec<f32>,
 }
 
 impl Workspace {
@@ -101,7 +99,6 @@ impl Workspace {
             orow: vec![0.0; ROWS * dv],
             qrow: vec![0.0; LANES * dk],
             sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
-            stage: Vec::new(),
         }
     }
 }

@@ -12,6 +12,7 @@
 //! each probability broadcast. No work is done for rows that do not exist.
 
 use crate::blocking::LANES;
+use crate::element::CpuElement;
 use crate::pack::RowStream;
 use crate::simd::{load, reduce16, store, V};
 use std::mem::MaybeUninit;
@@ -33,10 +34,10 @@ const fn group(r: usize) -> usize {
 /// written with unspecified values (the caller masks them); `ss` must be a
 /// multiple of 16 and `s` hold `R` rows of `ss >= n` rounded up to 16.
 /// Row `j` of `ahead` is prefetched alongside key `j`.
-pub fn scores<const R: usize>(
+pub fn scores<E: CpuElement, const R: usize>(
     q: &[f32],
     qs: usize,
-    (k, ks): (&[f32], usize),
+    (k, ks): (&[E], usize),
     n: usize,
     d: usize,
     (s, ss): (&mut [f32], usize),
@@ -53,18 +54,18 @@ pub fn scores<const R: usize>(
             && (n == 0 || k.len() >= (n - 1) * ks + d)
     );
     match group(R) {
-        16 => tile::<R, 16>(q, qs, (k, ks), n, d, (s, ss), ahead),
-        8 => tile::<R, 8>(q, qs, (k, ks), n, d, (s, ss), ahead),
-        _ => tile::<R, 4>(q, qs, (k, ks), n, d, (s, ss), ahead),
+        16 => tile::<E, R, 16>(q, qs, (k, ks), n, d, (s, ss), ahead),
+        8 => tile::<E, R, 8>(q, qs, (k, ks), n, d, (s, ss), ahead),
+        _ => tile::<E, R, 4>(q, qs, (k, ks), n, d, (s, ss), ahead),
     }
 }
 
 /// [`scores`] with `G` keys per group (`G` divides 16).
 #[inline(always)]
-fn tile<const R: usize, const G: usize>(
+fn tile<E: CpuElement, const R: usize, const G: usize>(
     q: &[f32],
     qs: usize,
-    (k, ks): (&[f32], usize),
+    (k, ks): (&[E], usize),
     n: usize,
     d: usize,
     (s, ss): (&mut [f32], usize),
@@ -80,7 +81,7 @@ fn tile<const R: usize, const G: usize>(
         for g0 in (0..LANES).step_by(G) {
             // Keys past `n` repeat the last key: always readable, and
             // their scores are discarded by the caller.
-            let rows: [*const f32; G] =
+            let rows: [*const E; G] =
                 std::array::from_fn(|i| k[(jb + g0 + i).min(n - 1) * ks..].as_ptr());
             for i in 0..G.min(n.saturating_sub(jb + g0)) {
                 ahead.row(jb + g0 + i);
@@ -90,7 +91,7 @@ fn tile<const R: usize, const G: usize>(
             while e < full {
                 // SAFETY: every key row has d >= e + 16 floats (asserted
                 // in `scores`); query rows have qs >= e + 16.
-                let kv: [V; G] = std::array::from_fn(|i| unsafe { load(rows[i].add(e)) });
+                let kv: [V; G] = std::array::from_fn(|i| unsafe { E::load16(rows[i].add(e)) });
                 for (r, acc_r) in acc.iter_mut().enumerate() {
                     // SAFETY: as above.
                     let qv = unsafe { load(q.as_ptr().add(r * qs + e)) };
@@ -106,7 +107,9 @@ fn tile<const R: usize, const G: usize>(
                 let kv: [V; G] = std::array::from_fn(|i| {
                     let j = (jb + g0 + i).min(n - 1);
                     let mut t = [0.0f32; LANES];
-                    t[..d - full].copy_from_slice(&k[j * ks + full..j * ks + d]);
+                    for (x, &y) in t.iter_mut().zip(&k[j * ks + full..j * ks + d]) {
+                        *x = y.to_f32();
+                    }
                     V::from(t)
                 });
                 for (r, acc_r) in acc.iter_mut().enumerate() {
@@ -137,9 +140,9 @@ fn tile<const R: usize, const G: usize>(
 /// `o[r * dv + c] = alpha[r] * o[r * dv + c] + sum_{j < n} p[r * ps + j] *
 /// v[j * vs + c]` for `r < R`, `c < dv`. Row `j` of `ahead` is
 /// prefetched alongside value row `j`.
-pub fn accumulate<const R: usize>(
+pub fn accumulate<E: CpuElement, const R: usize>(
     (p, ps): (&[f32], usize),
-    (v, vs): (&[f32], usize),
+    (v, vs): (&[E], usize),
     n: usize,
     dv: usize,
     alpha: &[f32; R],
@@ -155,18 +158,18 @@ pub fn accumulate<const R: usize>(
     let mut c0 = 0;
     if R <= 2 {
         while c0 + 8 * LANES <= dv {
-            columns::<R, 8>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
+            columns::<E, R, 8>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
             ahead = RowStream::NONE;
             c0 += 8 * LANES;
         }
     }
     while c0 + 4 * LANES <= dv {
-        columns::<R, 4>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
+        columns::<E, R, 4>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
         ahead = RowStream::NONE;
         c0 += 4 * LANES;
     }
     while c0 + LANES <= dv {
-        columns::<R, 1>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
+        columns::<E, R, 1>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
         ahead = RowStream::NONE;
         c0 += LANES;
     }
@@ -177,7 +180,7 @@ pub fn accumulate<const R: usize>(
         for c in c0..dv {
             let mut x = o[r * dv + c] * a;
             for j in 0..n {
-                x = p[r * ps + j].mul_add(v[j * vs + c], x);
+                x = p[r * ps + j].mul_add(v[j * vs + c].to_f32(), x);
             }
             o[r * dv + c] = x;
         }
@@ -189,9 +192,9 @@ pub fn accumulate<const R: usize>(
 /// value row `j`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn columns<const R: usize, const CV: usize>(
+fn columns<E: CpuElement, const R: usize, const CV: usize>(
     (p, ps): (&[f32], usize),
-    (v, vs): (&[f32], usize),
+    (v, vs): (&[E], usize),
     n: usize,
     dv: usize,
     alpha: &[f32; R],
@@ -211,7 +214,7 @@ fn columns<const R: usize, const CV: usize>(
         ahead.row(j);
         // SAFETY: value row j has dv >= c0 + CV * 16 floats.
         let x: [V; CV] =
-            std::array::from_fn(|c| unsafe { load(v.as_ptr().add(j * vs + c0 + c * LANES)) });
+            std::array::from_fn(|c| unsafe { E::load16(v.as_ptr().add(j * vs + c0 + c * LANES)) });
         for (r, row) in acc.iter_mut().enumerate() {
             // SAFETY: r < R, j < n: inside p (asserted by `accumulate`).
             let pj = V::splat(unsafe { *p.get_unchecked(r * ps + j) });

@@ -145,7 +145,7 @@ mod tests {
             for n in [1usize, 7, 16, 33, 64] {
                 let k = fill((n - 1) * ks + d, 7);
                 let mut s = vec![f32::NAN; R * ss];
-                decode::scores::<R>(
+                decode::scores::<f32, R>(
                     &q,
                     qs,
                     (&k, ks),
@@ -188,7 +188,7 @@ mod tests {
                 let o0 = fill(R * dv, 10);
                 let alpha: [f32; R] = std::array::from_fn(|r| 0.25 + r as f32 / 4.0);
                 let mut o = o0.clone();
-                decode::accumulate::<R>(
+                decode::accumulate::<f32, R>(
                     (&p, ps),
                     (&v, vs),
                     n,
