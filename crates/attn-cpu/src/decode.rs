@@ -5,7 +5,9 @@
 //!
 //! With rows on the lanes (`tiling.rs`), a block of 4 rows would fill 4 of
 //! 16 lanes and waste three quarters of every FMA. Here each key and value
-//! row is read as it lies in memory, without packing or transposing. The
+//! row is read as it lies in memory, without packing or transposing (rows
+//! whose elements are not contiguous are first widened into the
+//! workspace). The
 //! online softmax, masks and finish follow the same contract as the main
 //! path; the per-element terms (soft-cap, ALiBi, bias, boolean mask,
 //! boundary masks) are applied row by row, which is cheap with so few rows.
@@ -280,14 +282,21 @@ fn step_rows<T: CpuElement, E: CpuElement, const R: usize>(
         if class == TileClass::Partial || per_element {
             transform_row(ctx, item, r, j0, &mut srow[..n]);
         }
-        // A NaN score need not survive the maximum: its probability is
-        // NaN whatever the shift, and so are the row's sum and output.
-        let mut mv = V::splat(st.m[r]);
+        // The vector maximum may drop a NaN, so NaN is tracked apart: a
+        // NaN score (or running maximum) makes the maximum NaN and with
+        // it the whole row, as in the contract.
+        let (mut mv, mut nan) = (V::splat(st.m[r]), V::ZERO);
         for c in 0..KV {
             // SAFETY: c * 16 + 16 <= KEYS = srow.len().
-            mv = mv.fast_max(unsafe { load(srow.as_ptr().add(c * LANES)) });
+            let x = unsafe { load(srow.as_ptr().add(c * LANES)) };
+            mv = mv.fast_max(x);
+            nan |= x.is_nan();
         }
-        let mx = mv.to_array().into_iter().fold(f32::NEG_INFINITY, f32::max);
+        let mx = if nan.any() || st.m[r].is_nan() {
+            f32::NAN
+        } else {
+            mv.to_array().into_iter().fold(f32::NEG_INFINITY, f32::max)
+        };
         let shift = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
         *a = (st.m[r] - shift).exp2();
         let mut sum = V::ZERO;

@@ -41,7 +41,7 @@ fn split_kv_decoding_passes() {
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     // Prefill; split-KV per head (one K/V head, or [b, h, s, d]); split-KV
-    // in lockstep (f32 in place, bf16 staged).
+    // in lockstep (K and V read in place, f32 and bf16).
     let shapes = [
         (Shape::new(2, 4, 2, 200, 333, 40), DType::F32, false),
         (Shape::new(1, 4, 1, 1, 5000, 64), DType::F32, false),

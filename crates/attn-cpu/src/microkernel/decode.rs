@@ -18,8 +18,10 @@ use crate::simd::{load, reduce16, store, V};
 use std::mem::MaybeUninit;
 
 /// Keys whose dot products run together: `R x G` accumulators (16 at
-/// most of the 32 vector registers, at least 8 independent FMA chains to
-/// cover a 4-cycle latency on two pipes).
+/// most of AVX-512's 32 vector registers, at least 8 independent FMA
+/// chains to cover a 4-cycle latency on two pipes). Without AVX-512 a
+/// vector is two or four registers and the accumulators spill: correct,
+/// slower, like the rest of a build without `-C target-cpu=native`.
 const fn group(r: usize) -> usize {
     match r {
         1 => 16,
@@ -89,7 +91,7 @@ fn tile<E: CpuElement, const R: usize, const G: usize>(
             let mut acc = [[V::ZERO; G]; R];
             let mut e = 0;
             while e < full {
-                // SAFETY: every key row has d >= e + 16 floats (asserted
+                // SAFETY: every key row has d >= e + 16 elements (asserted
                 // in `scores`); query rows have qs >= e + 16.
                 let kv: [V; G] = std::array::from_fn(|i| unsafe { E::load16(rows[i].add(e)) });
                 for (r, acc_r) in acc.iter_mut().enumerate() {
@@ -212,7 +214,7 @@ fn columns<E: CpuElement, const R: usize, const CV: usize>(
     });
     for j in 0..n {
         ahead.row(j);
-        // SAFETY: value row j has dv >= c0 + CV * 16 floats.
+        // SAFETY: value row j has dv >= c0 + CV * 16 elements.
         let x: [V; CV] =
             std::array::from_fn(|c| unsafe { E::load16(v.as_ptr().add(j * vs + c0 + c * LANES)) });
         for (r, row) in acc.iter_mut().enumerate() {

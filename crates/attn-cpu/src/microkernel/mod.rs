@@ -3,11 +3,11 @@
 //! (see `tiling.rs`); each kernel keeps an `M x ROW_VECS` tile of
 //! accumulators in registers and streams one operand from memory.
 //!
-//! Contract (both kernels): `M <= mr(NV)`; every pointer is valid for the
+//! Contract (`scores`, `pv`): `M <= mr(NV)`; every pointer is valid for the
 //! extents stated on the function; nothing is aligned; results are written
 //! with plain stores. `decode` holds the two kernels of the few-rows path
-//! (head dimension along the lanes). All are tested against scalar loops
-//! below.
+//! (head dimension along the lanes), which take slices and assert their
+//! extents instead. All are tested against scalar loops below.
 
 pub mod decode;
 mod pv;
@@ -133,7 +133,7 @@ mod tests {
         pv_nv::<4>();
     }
 
-    fn decode_scores_r<const R: usize>() {
+    fn decode_scores_r<E: crate::element::CpuElement, const R: usize>(from: fn(f32) -> E) {
         let ss = 64;
         for d in [1usize, 3, 16, 67, 128] {
             let qs = d.div_ceil(LANES) * LANES;
@@ -143,9 +143,9 @@ mod tests {
                 q[r * qs + d..(r + 1) * qs].fill(0.0);
             }
             for n in [1usize, 7, 16, 33, 64] {
-                let k = fill((n - 1) * ks + d, 7);
+                let k: Vec<E> = fill((n - 1) * ks + d, 7).into_iter().map(from).collect();
                 let mut s = vec![f32::NAN; R * ss];
-                decode::scores::<f32, R>(
+                decode::scores::<E, R>(
                     &q,
                     qs,
                     (&k, ks),
@@ -157,7 +157,7 @@ mod tests {
                 for r in 0..R {
                     for j in 0..n {
                         let want: f64 = (0..d)
-                            .map(|e| f64::from(q[r * qs + e]) * f64::from(k[j * ks + e]))
+                            .map(|e| f64::from(q[r * qs + e]) * f64::from(k[j * ks + e].to_f32()))
                             .sum();
                         let got = f64::from(s[r * ss + j]);
                         assert!(
@@ -172,23 +172,25 @@ mod tests {
 
     #[test]
     fn decode_scores_match_scalar_dot_products() {
-        decode_scores_r::<1>();
-        decode_scores_r::<2>();
-        decode_scores_r::<3>();
-        decode_scores_r::<4>();
+        decode_scores_r::<f32, 1>(|x| x);
+        decode_scores_r::<f32, 2>(|x| x);
+        decode_scores_r::<f32, 3>(|x| x);
+        decode_scores_r::<f32, 4>(|x| x);
+        decode_scores_r::<attn_spec::bf16, 4>(attn_spec::bf16::from_f32);
+        decode_scores_r::<attn_spec::f16, 3>(attn_spec::f16::from_f32);
     }
 
-    fn decode_accumulate_r<const R: usize>() {
+    fn decode_accumulate_r<E: crate::element::CpuElement, const R: usize>(from: fn(f32) -> E) {
         let ps = 64;
         for dv in [1usize, 5, 16, 67, 128, 200] {
             let vs = dv + 2;
             for n in [0usize, 1, 9, 64] {
-                let v = fill(n.max(1) * vs, 8);
+                let v: Vec<E> = fill(n.max(1) * vs, 8).into_iter().map(from).collect();
                 let p = fill(R * ps, 9);
                 let o0 = fill(R * dv, 10);
                 let alpha: [f32; R] = std::array::from_fn(|r| 0.25 + r as f32 / 4.0);
                 let mut o = o0.clone();
-                decode::accumulate::<f32, R>(
+                decode::accumulate::<E, R>(
                     (&p, ps),
                     (&v, vs),
                     n,
@@ -201,7 +203,9 @@ mod tests {
                     for c in 0..dv {
                         let want = f64::from(alpha[r]) * f64::from(o0[r * dv + c])
                             + (0..n)
-                                .map(|j| f64::from(p[r * ps + j]) * f64::from(v[j * vs + c]))
+                                .map(|j| {
+                                    f64::from(p[r * ps + j]) * f64::from(v[j * vs + c].to_f32())
+                                })
                                 .sum::<f64>();
                         let got = f64::from(o[r * dv + c]);
                         assert!(
@@ -216,9 +220,11 @@ mod tests {
 
     #[test]
     fn decode_accumulate_matches_scalar_accumulation() {
-        decode_accumulate_r::<1>();
-        decode_accumulate_r::<2>();
-        decode_accumulate_r::<3>();
-        decode_accumulate_r::<4>();
+        decode_accumulate_r::<f32, 1>(|x| x);
+        decode_accumulate_r::<f32, 2>(|x| x);
+        decode_accumulate_r::<f32, 3>(|x| x);
+        decode_accumulate_r::<f32, 4>(|x| x);
+        decode_accumulate_r::<attn_spec::bf16, 2>(attn_spec::bf16::from_f32);
+        decode_accumulate_r::<attn_spec::f16, 4>(attn_spec::f16::from_f32);
     }
 }
