@@ -2,6 +2,7 @@
 //! `.cargo/config.toml`). A thin dispatcher: one file per task.
 
 mod bench;
+mod candle_cuda;
 mod charts;
 mod check;
 mod cuda;
@@ -34,6 +35,8 @@ tasks:
            (target/gpu-check, or --out DIR) whose run.sh, on a machine with an NVIDIA GPU,
            its driver and PyTorch, runs the conformance suite on the GPU and compares
            attn-cuda with PyTorch's SDPA
+  candle-cuda-lint  clippy on attn-candle with its `cuda` feature (cuda_fwd), without the
+           CUDA toolkit: a stand-in nvcc lets candle-kernels' build script pass
   peak     measure and print the FMA peak and memory bandwidth only
   verify   run the conformance suite on every backend available on this machine
            --cases N          generated cases per backend (default 256)";
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Some("cuda-setup") => cuda::setup().map(|v| println!("cuda-setup: {}", v.display())),
         Some("cuda-check") => cuda::check(rest),
         Some("gpu-check") => gpu_check::run(rest),
+        Some("candle-cuda-lint") => candle_cuda::lint(),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())

@@ -46,6 +46,17 @@ impl CandleBackend {
         }
     }
 
+    /// An engine on candle's CUDA device `ordinal` (feature `cuda`); a
+    /// missing GPU or driver is `NoDevice`.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(engine: CandleEngine, ordinal: usize) -> Result<Self> {
+        let device = Device::new_cuda(ordinal).map_err(|e| AttnError::NoDevice {
+            backend: "candle-cuda".into(),
+            reason: e.to_string(),
+        })?;
+        Ok(CandleBackend { engine, device })
+    }
+
     fn err(&self, e: candle_core::Error) -> AttnError {
         AttnError::Backend {
             backend: self.name(),
@@ -135,13 +146,11 @@ impl Backend for CandleBackend {
                 reason: "candle engines compute on f32, f16 and bf16".into(),
             });
         }
-        if !self.device.is_cpu() {
+        if !(self.device.is_cpu() || self.device.is_cuda()) {
             return Err(AttnError::Unsupported {
                 backend: self.name(),
-                feature: "non-CPU candle devices".into(),
-                reason:
-                    "the op's cuda_fwd (attn-cuda on candle's device buffers) is not written yet"
-                        .into(),
+                feature: "candle devices other than CPU and CUDA".into(),
+                reason: "the op runs attn-cpu on CPU storage and attn-cuda on CUDA storage".into(),
             });
         }
         match self.engine {

@@ -20,8 +20,10 @@
 //!   bottom-right). `examples/transformer_block.rs` runs a small
 //!   transformer block through it.
 //!
-//! Not yet here: CUDA tensors (the custom op's `cuda_fwd`, which is to run
-//! attn-cuda's kernel on candle's device buffers); on a CUDA device the op
+//! CUDA tensors (feature `cuda`, which needs the CUDA toolkit, as
+//! candle-core's own `cuda` feature does): the custom op's `cuda_fwd` runs
+//! attn-cuda's kernels on the tensors' device buffers in place, on the
+//! candle device's stream. Without the feature, the op on a CUDA tensor
 //! returns candle's "no cuda implementation" error.
 //!
 //! ```
@@ -37,6 +39,8 @@
 //! ```
 
 mod backend;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod mha;
 pub mod op;
 mod plain;

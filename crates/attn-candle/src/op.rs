@@ -96,7 +96,13 @@ fn view_of(l: &Layout) -> candle_core::Result<attn_spec::View> {
 }
 
 impl AttnOp {
-    fn problem(&self, dtype: attn_spec::DType, l: [&Layout; 3]) -> candle_core::Result<Problem> {
+    /// The problem of one call: the op's own, or one built from the
+    /// inputs' layouts.
+    pub(crate) fn problem(
+        &self,
+        dtype: attn_spec::DType,
+        l: [&Layout; 3],
+    ) -> candle_core::Result<Problem> {
         match &self.problem {
             OpProblem::Given(p) => {
                 let mut p = (**p).clone();
@@ -155,16 +161,27 @@ impl AttnOp {
             )
             .map_err(to_candle)?;
         if let Some(l) = lse {
-            *self
-                .lse
-                .lock()
-                .map_err(|_| candle_core::Error::Msg("attn: lse lock poisoned".into()))? = Some(l);
+            self.set_lse(l)?;
         }
-        let shape = match &self.problem {
+        Ok((T::to_cpu_storage_owned(out), self.out_shape(&p, n)))
+    }
+
+    /// The shape of the output tensor: `[batch, q_len, q_heads,
+    /// head_dim_v]`, or flat (`n` elements) for a given problem.
+    pub(crate) fn out_shape(&self, p: &Problem, n: usize) -> Shape {
+        match &self.problem {
             OpProblem::FromLayouts { .. } => Shape::from(p.out.dims.to_vec()),
             OpProblem::Given(_) => Shape::from(n),
-        };
-        Ok((T::to_cpu_storage_owned(out), shape))
+        }
+    }
+
+    /// Keeps the log-sum-exp of this run for the caller.
+    pub(crate) fn set_lse(&self, lse: Vec<f32>) -> candle_core::Result<()> {
+        *self
+            .lse
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("attn: lse lock poisoned".into()))? = Some(lse);
+        Ok(())
     }
 }
 
@@ -198,5 +215,18 @@ impl CustomOp3 for AttnOp {
                 )
             }
         }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::forward(self, [s1, s2, s3], [l1, l2, l3])
     }
 }

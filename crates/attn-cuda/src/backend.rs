@@ -5,8 +5,8 @@ use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};
 use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
 use crate::{compile, libs};
 use attn_spec::{
-    check_call, reference::check_linear, AttnError, Backend, BufferInfo, DType, HostData, Inputs,
-    Problem, Result,
+    check_call, reference::check_linear, AttnError, Backend, BufferInfo, Buffers, DType, Element,
+    HostData, Inputs, Problem, Result,
 };
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{
@@ -48,6 +48,18 @@ pub enum HalfKernel {
     TensorCore,
     /// Plain FMA, f32 throughout (f32 inputs always take it).
     Simt,
+}
+
+/// Device addresses of one call's tensors (0 where absent).
+#[derive(Clone, Copy, Debug)]
+struct Addrs {
+    q: u64,
+    k: u64,
+    v: u64,
+    o: u64,
+    lse: u64,
+    bias: u64,
+    mask: u64,
 }
 
 /// attn on one NVIDIA GPU.
@@ -125,6 +137,15 @@ impl Cuda {
             });
         }
         let ctx = CudaContext::new(ordinal).map_err(drv)?;
+        Cuda::from_stream(ctx.default_stream())
+    }
+
+    /// The backend launching on an existing stream (and its context), so
+    /// its kernels are ordered with the other work queued there: how
+    /// attn-candle runs on the stream of a candle CUDA device.
+    pub fn from_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        libs::nvrtc()?;
+        let ctx = stream.context().clone();
         let (major, minor) = ctx.compute_capability().map_err(drv)?;
         let attr = |a| ctx.attribute(a).map_err(drv);
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
@@ -132,7 +153,6 @@ impl Cuda {
             attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 as usize;
         let device_name = ctx.name().map_err(drv)?;
-        let stream = ctx.default_stream();
         Ok(Cuda {
             ctx,
             stream,
@@ -147,6 +167,11 @@ impl Cuda {
             },
             functions: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The stream every launch goes on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 
     /// The first GPU.
@@ -263,6 +288,178 @@ impl Cuda {
             .collect();
         self.stream.clone_htod(&b).map_err(drv)
     }
+
+    /// The forward pass on typed device slices that belong to someone
+    /// else (a candle tensor's storage, say), read and written in place:
+    /// Q, K, V and the output hold `T` and are indexed by the problem's
+    /// views; the optional bias, mask and log-sum-exp are this backend's
+    /// buffers. The slices must live in this backend's context; the
+    /// launches go on [`Cuda::stream`], ordered after the work the slices
+    /// are waiting for. Lengths and element types are checked against the
+    /// problem as [`Backend::forward_into`] checks its buffers.
+    pub fn forward_slices<T: Element>(
+        &self,
+        problem: &Problem,
+        (q, k, v): (&CudaSlice<T>, &CudaSlice<T>, &CudaSlice<T>),
+        (bias, mask): (Option<&CudaBuffer>, Option<&CudaBuffer>),
+        out: &mut CudaSlice<T>,
+        mut lse: Option<&mut CudaBuffer>,
+    ) -> Result<()> {
+        if problem.options.return_lse && lse.is_none() {
+            return Err(AttnError::Missing {
+                tensor: "lse",
+                what: "options.return_lse is set but no buffer was given",
+            });
+        }
+        let typed = |len: usize| BufferInfo {
+            dtype: T::DTYPE,
+            len,
+        };
+        problem.validate_buffers(&Buffers {
+            q: typed(q.len()),
+            k: typed(k.len()),
+            v: typed(v.len()),
+            bias: bias.map(|b| self.info(b)),
+            mask: mask.map(|b| self.info(b)),
+            out: Some(typed(out.len())),
+            lse: lse.as_deref().map(|b| self.info(b)),
+        })?;
+        for (name, s) in [("q", q), ("k", k), ("v", v)] {
+            if !Arc::ptr_eq(s.context(), &self.ctx) {
+                return Err(AttnError::Backend {
+                    backend: self.name(),
+                    message: format!("{name} lives in another CUDA context than this backend's"),
+                });
+            }
+        }
+        if !Arc::ptr_eq(out.context(), &self.ctx) {
+            return Err(AttnError::Backend {
+                backend: self.name(),
+                message: "the output lives in another CUDA context than this backend's".into(),
+            });
+        }
+        let st = &self.stream;
+        let (qa, _g1) = q.device_ptr(st);
+        let (ka, _g2) = k.device_ptr(st);
+        let (va, _g3) = v.device_ptr(st);
+        let (oa, _g4) = out.device_ptr_mut(st);
+        let lse_g = lse.as_mut().map(|l| l.data.device_ptr_mut(st));
+        let bias_g = bias.map(|b| b.data.device_ptr(st));
+        let mask_g = mask.map(|m| m.data.device_ptr(st));
+        let addr = Addrs {
+            q: qa,
+            k: ka,
+            v: va,
+            o: oa,
+            lse: lse_g.as_ref().map_or(0, |g| g.0),
+            bias: bias_g.as_ref().map_or(0, |g| g.0),
+            mask: mask_g.as_ref().map_or(0, |g| g.0),
+        };
+        // SAFETY: the slices' lengths and types were validated against the
+        // problem's views above, they belong to this backend's context
+        // (checked), and the guards keep them alive and ordered on this
+        // stream until the launches are queued.
+        unsafe { self.launch(problem, addr) }
+    }
+
+    /// Queues the forward kernels of `problem` on the stream.
+    ///
+    /// # Safety
+    /// Every nonzero address in `addr` is that of a live device buffer of
+    /// this backend's context, at least as large as the problem's view of
+    /// it (validated by `Problem::validate_buffers`), that stays alive and
+    /// untouched by other streams until the launches have run.
+    unsafe fn launch(&self, problem: &Problem, addr: Addrs) -> Result<()> {
+        self.supports(problem)?;
+        let s = problem.shape;
+        if s.batch * s.q_heads * s.q_len == 0 {
+            return Ok(());
+        }
+        let o = &problem.options;
+        let kernel = self.forward_kernel(problem);
+        let v = Variant::for_problem(kernel, problem, self.arch);
+        let blocks = s.q_len.div_ceil(kernel.rows_per_block()) * s.q_heads * s.batch;
+        let (mut splits, mut per) = plan_splits(blocks, s.kv_len, self.sms, v.block_n());
+        if s.batch * splits > 65535 {
+            (splits, per) = (1, s.kv_len.max(1));
+        }
+        let mut params = Params::new(problem, splits, per)?;
+
+        // Small per-call tensors: lengths, slopes, sinks.
+        let q_lens = o.q_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
+        let kv_lens = o.kv_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
+        let alibi = o
+            .alibi_slopes
+            .as_ref()
+            .map(|a| self.upload_f32(a))
+            .transpose()?;
+        let sinks = o.sinks.as_ref().map(|a| self.upload_f32(a)).transpose()?;
+        let rows = s.batch * s.q_heads * s.q_len;
+        let mut part = if splits > 1 {
+            Some((
+                self.alloc(DType::F32, splits * rows * s.head_dim_v)?,
+                self.alloc(DType::F32, splits * rows)?,
+            ))
+        } else {
+            None
+        };
+
+        let st = &self.stream;
+        params.q = addr.q;
+        params.k = addr.k;
+        params.v = addr.v;
+        params.o = addr.o;
+        params.lse = addr.lse;
+        params.bias = addr.bias;
+        params.mask = addr.mask;
+        let ql_g = q_lens.as_ref().map(|b| b.device_ptr(st));
+        params.q_lens = ql_g.as_ref().map_or(0, |g| g.0);
+        let kl_g = kv_lens.as_ref().map(|b| b.device_ptr(st));
+        params.kv_lens = kl_g.as_ref().map_or(0, |g| g.0);
+        let al_g = alibi.as_ref().map(|b| b.data.device_ptr(st));
+        params.alibi = al_g.as_ref().map_or(0, |g| g.0);
+        let sk_g = sinks.as_ref().map(|b| b.data.device_ptr(st));
+        params.sinks = sk_g.as_ref().map_or(0, |g| g.0);
+        let part_g = part
+            .as_mut()
+            .map(|(po, pl)| (po.data.device_ptr_mut(st), pl.data.device_ptr_mut(st)));
+        if let Some(((po, _), (pl, _))) = &part_g {
+            params.part_o = *po;
+            params.part_lse = *pl;
+        }
+
+        let f = self.function(&v)?;
+        let (grid, block) = forward_geometry(&v, problem, splits);
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: v.smem_bytes() as u32,
+        };
+        // SAFETY: `params` holds the addresses of live device buffers whose
+        // sizes the caller validated against the problem's views (this
+        // function's contract); the kernel reads and writes only inside
+        // those views (and the split workspaces, sized splits x rows above,
+        // whose guards live to the end of this function).
+        unsafe { st.launch_builder(&f).arg(&params).launch(cfg) }.map_err(drv)?;
+        if splits > 1 {
+            let cv = Variant {
+                kernel: Kernel::Combine,
+                ..v
+            };
+            let f = self.function(&cv)?;
+            let (grid, block) = combine_geometry(problem);
+            let cfg = LaunchConfig {
+                grid_dim: grid,
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: as above; the combine pass reads the partials the
+            // forward launch wrote (same stream, so ordered after it).
+            unsafe { st.launch_builder(&f).arg(&params).launch(cfg) }.map_err(drv)?;
+        }
+        self.ctx.check_err().map_err(drv)?;
+        Ok(())
+    }
 }
 
 impl Backend for Cuda {
@@ -353,102 +550,28 @@ impl Backend for Cuda {
         mut lse: Option<&mut CudaBuffer>,
     ) -> Result<()> {
         check_call(self, problem, &inputs, out, lse.as_deref())?;
-        self.supports(problem)?;
-        let s = problem.shape;
-        if s.batch * s.q_heads * s.q_len == 0 {
-            return Ok(());
-        }
-        let o = &problem.options;
-        let kernel = self.forward_kernel(problem);
-        let v = Variant::for_problem(kernel, problem, self.arch);
-        let blocks = s.q_len.div_ceil(kernel.rows_per_block()) * s.q_heads * s.batch;
-        let (mut splits, mut per) = plan_splits(blocks, s.kv_len, self.sms, v.block_n());
-        if s.batch * splits > 65535 {
-            (splits, per) = (1, s.kv_len.max(1));
-        }
-        let mut params = Params::new(problem, splits, per)?;
-
-        // Small per-call tensors: lengths, slopes, sinks.
-        let q_lens = o.q_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
-        let kv_lens = o.kv_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
-        let alibi = o
-            .alibi_slopes
-            .as_ref()
-            .map(|a| self.upload_f32(a))
-            .transpose()?;
-        let sinks = o.sinks.as_ref().map(|a| self.upload_f32(a)).transpose()?;
-        let rows = s.batch * s.q_heads * s.q_len;
-        let mut part = if splits > 1 {
-            Some((
-                self.alloc(DType::F32, splits * rows * s.head_dim_v)?,
-                self.alloc(DType::F32, splits * rows)?,
-            ))
-        } else {
-            None
-        };
-
         let st = &self.stream;
-        let (qp, _g1) = inputs.q.data.device_ptr(st);
-        let (kp, _g2) = inputs.k.data.device_ptr(st);
-        let (vp, _g3) = inputs.v.data.device_ptr(st);
-        let (op, _g4) = out.data.device_ptr_mut(st);
-        params.q = qp;
-        params.k = kp;
-        params.v = vp;
-        params.o = op;
+        let (q, _g1) = inputs.q.data.device_ptr(st);
+        let (k, _g2) = inputs.k.data.device_ptr(st);
+        let (v, _g3) = inputs.v.data.device_ptr(st);
+        let (o, _g4) = out.data.device_ptr_mut(st);
         let lse_g = lse.as_mut().map(|l| l.data.device_ptr_mut(st));
-        params.lse = lse_g.as_ref().map_or(0, |g| g.0);
         let bias_g = inputs.bias.map(|b| b.data.device_ptr(st));
-        params.bias = bias_g.as_ref().map_or(0, |g| g.0);
         let mask_g = inputs.mask.map(|m| m.data.device_ptr(st));
-        params.mask = mask_g.as_ref().map_or(0, |g| g.0);
-        let ql_g = q_lens.as_ref().map(|b| b.device_ptr(st));
-        params.q_lens = ql_g.as_ref().map_or(0, |g| g.0);
-        let kl_g = kv_lens.as_ref().map(|b| b.device_ptr(st));
-        params.kv_lens = kl_g.as_ref().map_or(0, |g| g.0);
-        let al_g = alibi.as_ref().map(|b| b.data.device_ptr(st));
-        params.alibi = al_g.as_ref().map_or(0, |g| g.0);
-        let sk_g = sinks.as_ref().map(|b| b.data.device_ptr(st));
-        params.sinks = sk_g.as_ref().map_or(0, |g| g.0);
-        let part_g = part
-            .as_mut()
-            .map(|(po, pl)| (po.data.device_ptr_mut(st), pl.data.device_ptr_mut(st)));
-        if let Some(((po, _), (pl, _))) = &part_g {
-            params.part_o = *po;
-            params.part_lse = *pl;
-        }
-
-        let f = self.function(&v)?;
-        let (grid, block) = forward_geometry(&v, problem, splits);
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: v.smem_bytes() as u32,
+        let addrs = Addrs {
+            q,
+            k,
+            v,
+            o,
+            lse: lse_g.as_ref().map_or(0, |g| g.0),
+            bias: bias_g.as_ref().map_or(0, |g| g.0),
+            mask: mask_g.as_ref().map_or(0, |g| g.0),
         };
-        // SAFETY: `params` holds the addresses of live device buffers whose
-        // sizes `check_call` validated against the problem's views; the
-        // kernel reads and writes only inside those views (and the split
-        // workspaces, sized splits x rows above), and the guards keep every
-        // buffer alive and ordered on this stream until the launch is queued.
-        unsafe { st.launch_builder(&f).arg(&params).launch(cfg) }.map_err(drv)?;
-        if splits > 1 {
-            let cv = Variant {
-                kernel: Kernel::Combine,
-                ..v
-            };
-            let f = self.function(&cv)?;
-            let (grid, block) = combine_geometry(problem);
-            let cfg = LaunchConfig {
-                grid_dim: grid,
-                block_dim: (block, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: as above; the combine pass reads the partials the
-            // forward launch wrote (same stream, so ordered after it).
-            unsafe { st.launch_builder(&f).arg(&params).launch(cfg) }.map_err(drv)?;
-        }
-        self.ctx.check_err().map_err(drv)?;
-        Ok(())
+        // SAFETY: every address belongs to a buffer of this backend's
+        // context that `check_call` validated against the problem's views,
+        // and the guards above keep them alive and ordered on this stream
+        // until the launches are queued.
+        unsafe { self.launch(problem, addrs) }
     }
 
     fn linear(

@@ -9,11 +9,15 @@
 //! first, by absolute path; once a library is loaded under its soname,
 //! cudarc's own lookup by name finds it.
 
-use attn_spec::{AttnError, Result};
+#[cfg(not(feature = "dynamic-linking"))]
+use attn_spec::AttnError;
+use attn_spec::Result;
 use std::path::{Path, PathBuf};
+#[cfg(not(feature = "dynamic-linking"))]
 use std::sync::OnceLock;
 
 /// The NVRTC sonames this build accepts (cudarc is built for CUDA 12).
+#[cfg(not(feature = "dynamic-linking"))]
 const NVRTC_NAMES: [&str; 2] = ["libnvrtc.so.12", "libnvrtc.so"];
 
 /// Directories searched for NVRTC before the system's loader path.
@@ -58,6 +62,7 @@ pub fn venv_nvrtc_dirs(venv: &Path) -> Vec<PathBuf> {
     out
 }
 
+#[cfg(not(feature = "dynamic-linking"))]
 fn preload_nvrtc() -> bool {
     for dir in nvrtc_dirs() {
         for name in NVRTC_NAMES {
@@ -78,6 +83,22 @@ fn preload_nvrtc() -> bool {
 }
 
 /// Whether NVRTC can be used; loads it from the known directories first.
+/// With the `dynamic-linking` feature the libraries were linked at build
+/// time (the process could not have started without them): always `Ok`.
+#[cfg(feature = "dynamic-linking")]
+pub fn nvrtc() -> Result<()> {
+    Ok(())
+}
+
+/// Whether the CUDA driver library can be loaded (linked at build time
+/// with the `dynamic-linking` feature: always `Ok`).
+#[cfg(feature = "dynamic-linking")]
+pub fn driver() -> Result<()> {
+    Ok(())
+}
+
+/// Whether NVRTC can be used; loads it from the known directories first.
+#[cfg(not(feature = "dynamic-linking"))]
 pub fn nvrtc() -> Result<()> {
     static OK: OnceLock<bool> = OnceLock::new();
     let ok = *OK.get_or_init(|| {
@@ -98,6 +119,7 @@ pub fn nvrtc() -> Result<()> {
 }
 
 /// Whether the CUDA driver library can be loaded.
+#[cfg(not(feature = "dynamic-linking"))]
 pub fn driver() -> Result<()> {
     static OK: OnceLock<bool> = OnceLock::new();
     // SAFETY: only tries to dlopen the candidate names; no driver call.
