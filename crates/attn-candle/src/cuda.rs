@@ -4,8 +4,9 @@
 //! candle buffer, all on the stream of the candle device, so the launches
 //! are ordered with the candle work around them.
 //!
-//! One attn-cuda backend is kept per candle device, so each kernel variant
-//! is compiled by NVRTC once per device and process. The small bias and
+//! One attn-cuda backend is kept per live candle device, so each kernel
+//! variant is compiled by NVRTC once per device (a new candle device, even
+//! on the same GPU, compiles its own). The small bias and
 //! mask tensors the op holds on the host are uploaded per call; the
 //! log-sum-exp, when asked for, is downloaded into the op (a candle op has
 //! one result).
@@ -19,7 +20,10 @@ use candle_core::{CudaDevice, CudaStorage, Layout, Shape};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The attn-cuda backend of a candle device, created on first use.
+/// The attn-cuda backend of a candle device, created on first use. A
+/// backend whose stream nobody else holds any more (its candle device is
+/// gone) is dropped when another is created, so the cache stays as small
+/// as the set of live devices.
 fn backend(dev: &CudaDevice) -> candle_core::Result<Arc<Cuda>> {
     static BACKENDS: OnceLock<Mutex<HashMap<DeviceId, Arc<Cuda>>>> = OnceLock::new();
     let mut map = BACKENDS
@@ -29,6 +33,7 @@ fn backend(dev: &CudaDevice) -> candle_core::Result<Arc<Cuda>> {
     if let Some(b) = map.get(&dev.id()) {
         return Ok(b.clone());
     }
+    map.retain(|_, b| Arc::strong_count(b.stream()) > 1);
     let b = Arc::new(Cuda::from_stream(dev.cuda_stream()).map_err(to_candle)?);
     map.insert(dev.id(), b.clone());
     Ok(b)

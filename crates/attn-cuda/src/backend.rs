@@ -324,19 +324,14 @@ impl Cuda {
             out: Some(typed(out.len())),
             lse: lse.as_deref().map(|b| self.info(b)),
         })?;
-        for (name, s) in [("q", q), ("k", k), ("v", v)] {
-            if !Arc::ptr_eq(s.context(), &self.ctx) {
+        let contexts = [("q", q.context()), ("k", k.context()), ("v", v.context())];
+        for (name, c) in contexts.into_iter().chain([("out", out.context())]) {
+            if **c != *self.ctx {
                 return Err(AttnError::Backend {
                     backend: self.name(),
                     message: format!("{name} lives in another CUDA context than this backend's"),
                 });
             }
-        }
-        if !Arc::ptr_eq(out.context(), &self.ctx) {
-            return Err(AttnError::Backend {
-                backend: self.name(),
-                message: "the output lives in another CUDA context than this backend's".into(),
-            });
         }
         let st = &self.stream;
         let (qa, _g1) = q.device_ptr(st);
@@ -457,7 +452,6 @@ impl Cuda {
             // forward launch wrote (same stream, so ordered after it).
             unsafe { st.launch_builder(&f).arg(&params).launch(cfg) }.map_err(drv)?;
         }
-        self.ctx.check_err().map_err(drv)?;
         Ok(())
     }
 }
@@ -571,7 +565,11 @@ impl Backend for Cuda {
         // context that `check_call` validated against the problem's views,
         // and the guards above keep them alive and ordered on this stream
         // until the launches are queued.
-        unsafe { self.launch(problem, addrs) }
+        unsafe { self.launch(problem, addrs) }?;
+        // The context's pending asynchronous error, if any (not in
+        // `forward_slices`: there the context is shared with its owner,
+        // whose errors are not ours to report or clear).
+        self.ctx.check_err().map_err(drv)
     }
 
     fn linear(

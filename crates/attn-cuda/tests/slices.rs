@@ -41,7 +41,15 @@ fn both(cuda: &Cuda, case: &Case) -> Result<(Vec<f32>, Vec<f32>), TestCaseError>
             .collect::<Vec<_>>()
     };
     let (q, k, v) = (f32s(&case.q), f32s(&case.k), f32s(&case.v));
-    let dev = |x: &[f32]| cuda.stream().clone_htod(x).unwrap();
+    // One element at least: a zero-byte device allocation is an error on
+    // some drivers (attn-cuda's own `upload` pads the same way).
+    let dev = |x: &[f32]| {
+        let mut x = x.to_vec();
+        if x.is_empty() {
+            x.push(0.0);
+        }
+        cuda.stream().clone_htod(&x).unwrap()
+    };
     let (qs, ks, vs): (CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>) =
         (dev(&q), dev(&k), dev(&v));
     let bias = case.bias.as_ref().map(|b| cuda.upload(b).unwrap());
