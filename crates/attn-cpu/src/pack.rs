@@ -206,6 +206,33 @@ pub fn prefetch_rows<T>(
     }
 }
 
+/// [`prefetch_rows`] into L1, for rows used within a few hundred cycles.
+pub fn prefetch_rows_l1<T>(
+    src: &[T],
+    view: &View,
+    (b, g): (usize, usize),
+    (j0, n): (usize, usize),
+    d: usize,
+) {
+    let bytes = d * std::mem::size_of::<T>();
+    for j in j0..j0 + n {
+        let at = view.index([b, j, g, 0]);
+        let row = src[at..].as_ptr() as *const u8;
+        let mut off = 0;
+        while off < bytes {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch is a hint: it never faults and has no
+            // effect on program state, whatever the address.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    row.wrapping_add(off) as *const i8,
+                )
+            };
+            off += 64;
+        }
+    }
+}
+
 /// Rows that a kernel prefetches one at a time while it walks the rows
 /// of its own tile, so the loads of the next tile overlap the arithmetic
 /// of this one instead of following it. Row `j` starts at `base + j *
@@ -258,6 +285,72 @@ impl RowStream {
             prefetch(row.wrapping_add(l * 64));
         }
     }
+}
+
+/// Rows a block asks for a few at a time while it computes: the next
+/// block's query rows (read, into L2) and this block's output rows
+/// (written, asked for in a writable state). Both would otherwise be
+/// fetched on demand, row after row, by `pack_q` and the final write: a
+/// fixed cost of every block that a causal block, with half the keys,
+/// pays twice over relative to its arithmetic.
+#[derive(Debug, Default)]
+pub struct Ahead {
+    /// Start address, 64-byte lines, and whether the row will be written.
+    rows: Vec<(usize, usize, bool)>,
+    /// Rows issued so far.
+    at: usize,
+    /// Rows to issue per call of [`Ahead::issue`].
+    per: usize,
+}
+
+impl Ahead {
+    /// Forgets every row.
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.at = 0;
+    }
+
+    /// Adds a row of `bytes` bytes at address `addr`.
+    pub fn push(&mut self, addr: usize, bytes: usize, write: bool) {
+        // One line more when the row does not start on a line.
+        let lines = (addr % 64 + bytes).div_ceil(64);
+        self.rows.push((addr, lines, write));
+    }
+
+    /// Spreads the rows evenly over `calls` calls of [`Ahead::issue`].
+    pub fn pace(&mut self, calls: usize) {
+        self.per = self.rows.len().div_ceil(calls.max(1));
+    }
+
+    /// Prefetches the next rows of the pace.
+    #[inline]
+    pub fn issue(&mut self) {
+        let end = (self.at + self.per).min(self.rows.len());
+        for &(addr, lines, write) in &self.rows[self.at..end] {
+            let base = (addr & !63) as *const u8;
+            for l in 0..lines {
+                let p = base.wrapping_add(l * 64);
+                if write {
+                    prefetch_write(p);
+                } else {
+                    prefetch(p);
+                }
+            }
+        }
+        self.at = end;
+    }
+}
+
+#[inline(always)]
+fn prefetch_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it never faults and has no effect on
+    // program state, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[inline(always)]

@@ -54,6 +54,13 @@ impl<T: CpuElement> Sink<T> {
         }
     }
 
+    /// Address of output row `(b, pos, h)`, for prefetching only (never
+    /// dereferenced).
+    pub fn row_addr(&self, ctx: &Ctx<'_, T>, (b, pos, h): (usize, usize, usize)) -> usize {
+        let at = ctx.p.out.index([b, pos, h, 0]).min(self.out_len);
+        self.out.wrapping_add(at) as usize
+    }
+
     /// Writes one output row `(b, pos, h)` as `row * f`, and its
     /// log-sum-exp.
     pub fn write_row(
@@ -195,11 +202,33 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
     blocks.sort_by_key(|it| (it.b, it.kvh, std::cmp::Reverse(cost(it))));
     let sinks = p.options.sinks.as_deref();
     if !split_keys(p, blocks.len()) {
+        let order: Vec<usize> = (0..blocks.len()).collect();
         map_items(
             par,
-            &blocks,
+            &order,
             || Workspace::new(dk, dv),
-            |ws, it| {
+            |ws, &i| {
+                let it = &blocks[i];
+                // This block's output rows, and the query rows of the
+                // block that most likely runs next on this thread (the
+                // pool hands each thread a contiguous range of items).
+                ws.ahead.clear();
+                for r in 0..it.rows() {
+                    let (pos, h) = it.row(r);
+                    ws.ahead.push(
+                        sink.row_addr(ctx, (it.b, pos, h)),
+                        dv * size_of::<T>(),
+                        true,
+                    );
+                }
+                if let Some(next) = blocks.get(i + 1) {
+                    for r in 0..next.rows() {
+                        let (pos, h) = next.row(r);
+                        let at = p.q.index([next.b, pos, h, 0]).min(ctx.q.len());
+                        let addr = ctx.q[at..].as_ptr() as usize;
+                        ws.ahead.push(addr, dk * size_of::<T>(), false);
+                    }
+                }
                 let finish = run_block(ctx, it, ws, sinks);
                 for (r, &(f, lse)) in finish.iter().enumerate() {
                     let (pos, h) = it.row(r);

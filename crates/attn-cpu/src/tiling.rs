@@ -21,7 +21,9 @@ use crate::blocking::{mr, DECODE_KEYS, KEYS, LANES, ROWS};
 use crate::decode::DECODE_ROWS;
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, scores};
-use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows};
+use crate::pack::{
+    kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows, prefetch_rows_l1, Ahead,
+};
 use crate::simd::{load, store, V};
 use crate::softmax::OnlineSoftmax;
 use crate::work::Item;
@@ -85,6 +87,8 @@ pub struct Workspace {
     pub qrow: Vec<f32>,
     /// Decode path: score / probability rows, `DECODE_ROWS x KEYS`.
     pub sd: Vec<f32>,
+    /// Rows to prefetch while the block computes (set by the scheduler).
+    pub ahead: Ahead,
 }
 
 impl Workspace {
@@ -99,6 +103,7 @@ impl Workspace {
             orow: vec![0.0; ROWS * dv],
             qrow: vec![0.0; LANES * dk],
             sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
+            ahead: Ahead::default(),
         }
     }
 }
@@ -131,6 +136,10 @@ pub fn run_item<T: CpuElement, const NV: usize>(
     let (lo, hi) = (span.start.max(item.keys.start), span.end.min(item.keys.end));
     let rows = RowInfo::<NV>::new(ctx, item, &mask);
     let per_element = ctx.per_element();
+    // The scheduler's rows to prefetch, spread over every score-kernel
+    // call of the block.
+    ws.ahead
+        .pace(hi.saturating_sub(lo).div_ceil(KEYS) * KEYS.div_ceil(mr(NV)));
     let mut j0 = lo;
     while j0 < hi {
         let n = KEYS.min(hi - j0);
@@ -171,25 +180,37 @@ fn step<T: CpuElement, const NV: usize>(
     let next_n = n.min(item.keys.end.saturating_sub(j0 + n));
     let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
     assert!(k.len() >= (n - 1) * ks + dk && ws.qt.len() >= dk * w && ws.st.len() >= n * w);
+    // This tile's values are packed group by group between the score
+    // kernels, each group one kernel call after its prefetch into L1: the
+    // rows are copied while they are certainly in cache, and the copy
+    // overlaps the arithmetic instead of running as a pass of its own.
+    let vs = packed_stride(dv);
+    let mut packed = 0;
     let mut j = 0;
     while j < n {
         let m = mr(NV).min(n - j);
         if j < next_n {
             prefetch_rows(ctx.k, &p.k, g, (j0 + n + j, m.min(next_n - j)), dk);
         }
-        // This tile's values, needed once the scores are done.
-        prefetch_rows(ctx.v, &p.v, g, (j0 + j, m), dv);
+        prefetch_rows_l1(ctx.v, &p.v, g, (j0 + j, m), dv);
+        ws.ahead.issue();
+        if packed < j {
+            let span = (j0 + packed, j - packed);
+            pack_rows(ctx.v, &p.v, g, span, dv, &mut ws.vbuf[packed * vs..]);
+            packed = j;
+        }
         let (kp, sp) = (k[j * ks..].as_ptr(), ws.st[j * w..].as_mut_ptr());
         // SAFETY: `k` holds n rows of dk floats, ks apart; qt is dk x w; st
         // has n x w floats and j + m <= n (all asserted above).
         unsafe { dispatch_m!(NV, m, scores(kp, ks, ws.qt.as_ptr(), dk, sp)) };
         j += m;
     }
+    let span = (j0 + packed, n - packed);
+    pack_rows(ctx.v, &p.v, g, span, dv, &mut ws.vbuf[packed * vs..]);
     if masked {
         transform(ctx, item, &mut ws.st, (j0, n), rows);
     }
     let alpha = sm.update(&mut ws.st, n);
-    let vs = pack_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
     let v = &ws.vbuf[..];
     assert!(v.len() >= (n - 1) * vs + dv && ws.ot.len() >= dv * w);
     let mut c = 0;
