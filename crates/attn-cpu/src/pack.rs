@@ -193,6 +193,7 @@ pub fn prefetch_rows<T>(
     (b, g): (usize, usize),
     (j0, n): (usize, usize),
     d: usize,
+    hint: Hint,
 ) {
     let bytes = d * std::mem::size_of::<T>();
     for j in j0..j0 + n {
@@ -200,34 +201,7 @@ pub fn prefetch_rows<T>(
         let row = src[at..].as_ptr() as *const u8;
         let mut off = 0;
         while off < bytes {
-            prefetch(row.wrapping_add(off));
-            off += 64;
-        }
-    }
-}
-
-/// [`prefetch_rows`] into L1, for rows used within a few hundred cycles.
-pub fn prefetch_rows_l1<T>(
-    src: &[T],
-    view: &View,
-    (b, g): (usize, usize),
-    (j0, n): (usize, usize),
-    d: usize,
-) {
-    let bytes = d * std::mem::size_of::<T>();
-    for j in j0..j0 + n {
-        let at = view.index([b, j, g, 0]);
-        let row = src[at..].as_ptr() as *const u8;
-        let mut off = 0;
-        while off < bytes {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch is a hint: it never faults and has no
-            // effect on program state, whatever the address.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    row.wrapping_add(off) as *const i8,
-                )
-            };
+            prefetch(row.wrapping_add(off), hint);
             off += 64;
         }
     }
@@ -282,7 +256,7 @@ impl RowStream {
     pub fn row(&self, j: usize) {
         let row = self.base.wrapping_add(j * self.stride);
         for l in 0..self.lines {
-            prefetch(row.wrapping_add(l * 64));
+            prefetch(row.wrapping_add(l * 64), Hint::L2);
         }
     }
 }
@@ -295,8 +269,8 @@ impl RowStream {
 /// pays twice over relative to its arithmetic.
 #[derive(Debug, Default)]
 pub struct Ahead {
-    /// Start address, 64-byte lines, and whether the row will be written.
-    rows: Vec<(usize, usize, bool)>,
+    /// Start address, 64-byte lines, and how to ask for them.
+    rows: Vec<(usize, usize, Hint)>,
     /// Rows issued so far.
     at: usize,
     /// Rows to issue per call of [`Ahead::issue`].
@@ -311,10 +285,10 @@ impl Ahead {
     }
 
     /// Adds a row of `bytes` bytes at address `addr`.
-    pub fn push(&mut self, addr: usize, bytes: usize, write: bool) {
+    pub fn push(&mut self, addr: usize, bytes: usize, hint: Hint) {
         // One line more when the row does not start on a line.
         let lines = (addr % 64 + bytes).div_ceil(64);
-        self.rows.push((addr, lines, write));
+        self.rows.push((addr, lines, hint));
     }
 
     /// Spreads the rows evenly over `calls` calls of [`Ahead::issue`].
@@ -326,41 +300,41 @@ impl Ahead {
     #[inline]
     pub fn issue(&mut self) {
         let end = (self.at + self.per).min(self.rows.len());
-        for &(addr, lines, write) in &self.rows[self.at..end] {
+        for &(addr, lines, hint) in &self.rows[self.at..end] {
             let base = (addr & !63) as *const u8;
             for l in 0..lines {
-                let p = base.wrapping_add(l * 64);
-                if write {
-                    prefetch_write(p);
-                } else {
-                    prefetch(p);
-                }
+                prefetch(base.wrapping_add(l * 64), hint);
             }
         }
         self.at = end;
     }
 }
 
-#[inline(always)]
-fn prefetch_write(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint: it never faults and has no effect on
-    // program state, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+/// Where a prefetch brings a line, and in which state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hint {
+    /// Into L2, for data needed a tile from now.
+    L2,
+    /// Into L1, for data needed within a few hundred cycles.
+    L1,
+    /// Into L1 in a writable state, for lines about to be written.
+    Write,
 }
 
 #[inline(always)]
-fn prefetch(p: *const u8) {
+fn prefetch(p: *const u8, hint: Hint) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint: it never faults and has no effect on
     // program state, whatever the address.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0, _MM_HINT_T1};
+        let p = p as *const i8;
+        match hint {
+            Hint::L2 => _mm_prefetch::<_MM_HINT_T1>(p),
+            Hint::L1 => _mm_prefetch::<_MM_HINT_T0>(p),
+            Hint::Write => _mm_prefetch::<_MM_HINT_ET0>(p),
+        }
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    let _ = (p, hint);
 }

@@ -14,6 +14,7 @@
 
 use crate::blocking::LANES;
 use crate::element::CpuElement;
+use crate::pack::Hint;
 use crate::simd::{load, store, V};
 use crate::softmax::finish_row;
 use crate::tiling::{run_item, Ctx, Workspace};
@@ -218,7 +219,7 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
                     ws.ahead.push(
                         sink.row_addr(ctx, (it.b, pos, h)),
                         dv * size_of::<T>(),
-                        true,
+                        Hint::Write,
                     );
                 }
                 if let Some(next) = blocks.get(i + 1) {
@@ -226,7 +227,7 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
                         let (pos, h) = next.row(r);
                         let at = p.q.index([next.b, pos, h, 0]).min(ctx.q.len());
                         let addr = ctx.q[at..].as_ptr() as usize;
-                        ws.ahead.push(addr, dk * size_of::<T>(), false);
+                        ws.ahead.push(addr, dk * size_of::<T>(), Hint::L2);
                     }
                 }
                 let finish = run_block(ctx, it, ws, sinks);

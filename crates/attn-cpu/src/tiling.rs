@@ -21,9 +21,7 @@ use crate::blocking::{mr, DECODE_KEYS, KEYS, LANES, ROWS};
 use crate::decode::DECODE_ROWS;
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, scores};
-use crate::pack::{
-    kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows, prefetch_rows_l1, Ahead,
-};
+use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows, Ahead, Hint};
 use crate::simd::{load, store, V};
 use crate::softmax::OnlineSoftmax;
 use crate::work::Item;
@@ -190,9 +188,16 @@ fn step<T: CpuElement, const NV: usize>(
     while j < n {
         let m = mr(NV).min(n - j);
         if j < next_n {
-            prefetch_rows(ctx.k, &p.k, g, (j0 + n + j, m.min(next_n - j)), dk);
+            prefetch_rows(
+                ctx.k,
+                &p.k,
+                g,
+                (j0 + n + j, m.min(next_n - j)),
+                dk,
+                Hint::L2,
+            );
         }
-        prefetch_rows_l1(ctx.v, &p.v, g, (j0 + j, m), dv);
+        prefetch_rows(ctx.v, &p.v, g, (j0 + j, m), dv, Hint::L1);
         ws.ahead.issue();
         if packed < j {
             let span = (j0 + packed, j - packed);
