@@ -5,8 +5,8 @@ use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};
 use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
 use crate::{compile, libs};
 use attn_spec::{
-    check_call, reference::check_linear, AttnError, Backend, BufferInfo, Buffers, DType, Element,
-    HostData, Inputs, Problem, Result,
+    check_buffers, check_call, reference::check_linear, AttnError, Backend, BufferInfo, Buffers,
+    DType, Element, HostData, Inputs, Problem, Result,
 };
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{
@@ -305,25 +305,22 @@ impl Cuda {
         out: &mut CudaSlice<T>,
         mut lse: Option<&mut CudaBuffer>,
     ) -> Result<()> {
-        if problem.options.return_lse && lse.is_none() {
-            return Err(AttnError::Missing {
-                tensor: "lse",
-                what: "options.return_lse is set but no buffer was given",
-            });
-        }
         let typed = |len: usize| BufferInfo {
             dtype: T::DTYPE,
             len,
         };
-        problem.validate_buffers(&Buffers {
-            q: typed(q.len()),
-            k: typed(k.len()),
-            v: typed(v.len()),
-            bias: bias.map(|b| self.info(b)),
-            mask: mask.map(|b| self.info(b)),
-            out: Some(typed(out.len())),
-            lse: lse.as_deref().map(|b| self.info(b)),
-        })?;
+        check_buffers(
+            problem,
+            &Buffers {
+                q: typed(q.len()),
+                k: typed(k.len()),
+                v: typed(v.len()),
+                bias: bias.map(|b| self.info(b)),
+                mask: mask.map(|b| self.info(b)),
+                out: Some(typed(out.len())),
+                lse: lse.as_deref().map(|b| self.info(b)),
+            },
+        )?;
         let contexts = [("q", q.context()), ("k", k.context()), ("v", v.context())];
         for (name, c) in contexts.into_iter().chain([("out", out.context())]) {
             if **c != *self.ctx {

@@ -194,21 +194,31 @@ pub fn check_call<B: Backend + ?Sized>(
     out: &B::Buffer,
     lse: Option<&B::Buffer>,
 ) -> Result<()> {
-    if problem.options.return_lse && lse.is_none() {
+    check_buffers(
+        problem,
+        &Buffers {
+            q: backend.info(inputs.q),
+            k: backend.info(inputs.k),
+            v: backend.info(inputs.v),
+            bias: inputs.bias.map(|b| backend.info(b)),
+            mask: inputs.mask.map(|b| backend.info(b)),
+            out: Some(backend.info(out)),
+            lse: lse.map(|b| backend.info(b)),
+        },
+    )?;
+    backend.supports(problem)
+}
+
+/// The buffer half of [`check_call`], for entry points whose buffers are
+/// not a backend's own (described by their [`Buffers`] instead): a
+/// log-sum-exp buffer when the options ask for one, then every buffer
+/// against its view.
+pub fn check_buffers(problem: &Problem, buffers: &Buffers) -> Result<()> {
+    if problem.options.return_lse && buffers.lse.is_none() {
         return Err(crate::AttnError::Missing {
             tensor: "lse",
             what: "options.return_lse is set but no buffer was given",
         });
     }
-    let buffers = Buffers {
-        q: backend.info(inputs.q),
-        k: backend.info(inputs.k),
-        v: backend.info(inputs.v),
-        bias: inputs.bias.map(|b| backend.info(b)),
-        mask: inputs.mask.map(|b| backend.info(b)),
-        out: Some(backend.info(out)),
-        lse: lse.map(|b| backend.info(b)),
-    };
-    problem.validate_buffers(&buffers)?;
-    backend.supports(problem)
+    problem.validate_buffers(buffers)
 }

@@ -41,7 +41,7 @@ mod problem;
 pub mod reference;
 mod tensor;
 
-pub use backend::{check_call, Backend, Inputs, Output};
+pub use backend::{check_buffers, check_call, Backend, Inputs, Output};
 pub use dtype::{round_to, DType, Element};
 pub use error::{AttnError, Result};
 pub use mask::{SeqMask, TileClass};
