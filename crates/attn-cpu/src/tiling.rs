@@ -196,6 +196,14 @@ fn step<T: CpuElement, const NV: usize>(
                 dk,
                 Hint::L2,
             );
+            prefetch_rows(
+                ctx.v,
+                &p.v,
+                g,
+                (j0 + n + j, m.min(next_n - j)),
+                dv,
+                Hint::L2,
+            );
         }
         prefetch_rows(ctx.v, &p.v, g, (j0 + j, m), dv, Hint::L1);
         ws.ahead.issue();
