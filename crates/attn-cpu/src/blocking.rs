@@ -29,7 +29,8 @@
 //!   rows, 6 keys (24 accumulators of 32 registers) cover the FMA latency
 //!   (4 cycles x 2 pipes = 8 chains) three times over and issue 6
 //!   broadcasts + 4 loads per 24 FMAs; with 1 vector, 12 keys give 12
-//!   chains.
+//!   chains. The calls of a triangular tile on 2 or 3 of the 4 vectors
+//!   keep 24 accumulators with 12 or 8 keys.
 //! - [`SPLIT_KEYS`] = 1024: decoding (few query rows, long K/V) splits the
 //!   keys into chunks of this many, computed in parallel and merged with
 //!   `merge_states`. It is a constant, never derived from the thread count,
@@ -56,10 +57,10 @@ pub const DECODE_KEYS: usize = 64;
 /// Keys (for scores) or value columns (for `P V`) per microkernel call
 /// when a block has `nv` vectors of rows.
 pub const fn mr(nv: usize) -> usize {
-    if nv == 1 {
-        12
-    } else {
-        6
+    match nv {
+        1 | 2 => 12,
+        3 => 8,
+        _ => 6,
     }
 }
 

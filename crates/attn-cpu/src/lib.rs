@@ -22,6 +22,7 @@ mod exp;
 mod linear;
 mod microkernel;
 mod pack;
+mod parts;
 mod schedule;
 mod simd;
 mod softmax;

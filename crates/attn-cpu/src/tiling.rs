@@ -15,13 +15,15 @@
 //! tiles are never visited (the loop runs over the block's visible key span
 //! only), `Full` tiles run without any mask check, and only `Partial`
 //! tiles, or problems with per-element terms (softcap, ALiBi, bias, boolean
-//! mask), go through [`transform`].
+//! mask), go through [`transform`]. On those tiles the kernels run only on
+//! the vectors of rows that see each part of the tile (`parts.rs`).
 
 use crate::blocking::{mr, DECODE_KEYS, KEYS, LANES, ROWS};
 use crate::decode::DECODE_ROWS;
 use crate::element::CpuElement;
-use crate::microkernel::{dispatch_m, pv, scores};
+use crate::microkernel::{dispatch_m, pv, pv_part, scores, scores_part};
 use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows, Ahead, Hint};
+use crate::parts::Parts;
 use crate::simd::{load, store, V};
 use crate::softmax::OnlineSoftmax;
 use crate::work::Item;
@@ -183,40 +185,48 @@ fn step<T: CpuElement, const NV: usize>(
     // rows are copied while they are certainly in cache, and the copy
     // overlaps the arithmetic instead of running as a pass of its own.
     let vs = packed_stride(dv);
+    // A masked tile runs only the vectors of rows that see each part of
+    // it (`parts.rs`); the mask then writes -inf over the scores left out.
+    let parts = if masked {
+        Parts::cut(&rows.bounds, (j0, n))
+    } else {
+        Parts::whole(n, NV)
+    };
     let mut packed = 0;
-    let mut j = 0;
-    while j < n {
-        let m = mr(NV).min(n - j);
-        if j < next_n {
-            prefetch_rows(
-                ctx.k,
-                &p.k,
-                g,
-                (j0 + n + j, m.min(next_n - j)),
-                dk,
-                Hint::L2,
-            );
-            prefetch_rows(
-                ctx.v,
-                &p.v,
-                g,
-                (j0 + n + j, m.min(next_n - j)),
-                dv,
-                Hint::L2,
-            );
+    for (keys, vecs) in parts.iter() {
+        let nv = vecs.len();
+        let mut j = keys.start;
+        while j < keys.end {
+            // Keys left over as evenly as mr allows (a last call of one
+            // or two keys keeps too few accumulators to hide the FMA
+            // latency).
+            let left = keys.end - j;
+            let m = left.div_ceil(left.div_ceil(mr(nv.max(1))));
+            if j < next_n {
+                for (src, view, d) in [(ctx.k, &p.k, dk), (ctx.v, &p.v, dv)] {
+                    prefetch_rows(src, view, g, (j0 + n + j, m.min(next_n - j)), d, Hint::L2);
+                }
+            }
+            prefetch_rows(ctx.v, &p.v, g, (j0 + j, m), dv, Hint::L1);
+            ws.ahead.issue();
+            if packed < j {
+                let span = (j0 + packed, j - packed);
+                pack_rows(ctx.v, &p.v, g, span, dv, &mut ws.vbuf[packed * vs..]);
+                packed = j;
+            }
+            let at = vecs.start * LANES;
+            let (kp, qp) = (k[j * ks..].as_ptr(), ws.qt[at..].as_ptr());
+            let sp = ws.st[j * w + at..].as_mut_ptr();
+            if nv == NV {
+                // SAFETY: `k` holds n rows of dk floats, ks apart; qt is dk x
+                // w; st has n x w floats and j + m <= n (asserted above).
+                unsafe { dispatch_m!(NV, m, scores(kp, ks, qp, w, dk, sp)) };
+            } else if nv > 0 {
+                // SAFETY: as above, on vectors vecs of the panel and tile.
+                unsafe { scores_part(nv, m, kp, ks, qp, w, dk, sp) };
+            }
+            j += m;
         }
-        prefetch_rows(ctx.v, &p.v, g, (j0 + j, m), dv, Hint::L1);
-        ws.ahead.issue();
-        if packed < j {
-            let span = (j0 + packed, j - packed);
-            pack_rows(ctx.v, &p.v, g, span, dv, &mut ws.vbuf[packed * vs..]);
-            packed = j;
-        }
-        let (kp, sp) = (k[j * ks..].as_ptr(), ws.st[j * w..].as_mut_ptr());
-        // SAFETY: `k` holds n rows of dk floats, ks apart; qt is dk x w; st
-        // has n x w floats and j + m <= n (all asserted above).
-        unsafe { dispatch_m!(NV, m, scores(kp, ks, ws.qt.as_ptr(), dk, sp)) };
-        j += m;
     }
     let span = (j0 + packed, n - packed);
     pack_rows(ctx.v, &p.v, g, span, dv, &mut ws.vbuf[packed * vs..]);
@@ -226,14 +236,45 @@ fn step<T: CpuElement, const NV: usize>(
     let alpha = sm.update(&mut ws.st, n);
     let v = &ws.vbuf[..];
     assert!(v.len() >= (n - 1) * vs + dv && ws.ot.len() >= dv * w);
-    let mut c = 0;
-    while c < dv {
-        let m = mr(NV).min(dv - c);
-        let (vp, op) = (v[c..].as_ptr(), ws.ot[c * w..].as_mut_ptr());
-        // SAFETY: v holds n rows of dv floats, vs apart, and c + m <= dv;
-        // st holds n x w probabilities; ot is dv x w (asserted above).
-        unsafe { dispatch_m!(NV, m, pv(vp, vs, ws.st.as_ptr(), n, op, &alpha)) };
-        c += m;
+    if parts.is_whole(n, NV) {
+        let mut c = 0;
+        while c < dv {
+            let m = mr(NV).min(dv - c);
+            let (vp, op) = (v[c..].as_ptr(), ws.ot[c * w..].as_mut_ptr());
+            // SAFETY: v holds n rows of dv floats, vs apart, and c + m <= dv;
+            // st holds n x w probabilities; ot is dv x w (asserted above).
+            unsafe { dispatch_m!(NV, m, pv(vp, vs, ws.st.as_ptr(), w, n, op, &alpha)) };
+            c += m;
+        }
+        return;
+    }
+    // Parts: rescale the running output once, then add each part's keys
+    // on its vectors only.
+    for c in 0..dv {
+        for (r, &a) in alpha.iter().enumerate() {
+            let at = c * w + r * LANES;
+            // SAFETY: c < dv and r < NV: 16 floats at `at` in ot (dv x w).
+            unsafe { store(ws.ot.as_mut_ptr().add(at), load(ws.ot.as_ptr().add(at)) * a) };
+        }
+    }
+    for (keys, vecs) in parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
+        let nv = vecs.len();
+        let at = vecs.start * LANES;
+        let pp = ws.st[keys.start * w + at..].as_ptr();
+        let mut c = 0;
+        while c < dv {
+            let left = dv - c;
+            let m = left.div_ceil(left.div_ceil(mr(nv)));
+            let (vp, op) = (
+                v[keys.start * vs + c..].as_ptr(),
+                ws.ot[c * w + at..].as_mut_ptr(),
+            );
+            // SAFETY: v holds n rows of dv floats, vs apart, the part's keys
+            // lie in 0..n and c + m <= dv; st holds n x w probabilities and
+            // ot is dv x w (asserted above), used on vectors `vecs` < NV.
+            unsafe { pv_part(nv, m, vp, vs, pp, w, keys.len(), op) };
+            c += m;
+        }
     }
 }
 
@@ -247,6 +288,9 @@ pub struct RowInfo<const NV: usize> {
     diag: [V; NV],
     /// ALiBi slope of each row's head times log2(e).
     slope: [V; NV],
+    /// Keys each vector's rows see at most: the hull of its rows' ranges
+    /// (`(0, 0)` when none sees any).
+    bounds: [(usize, usize); NV],
 }
 
 impl<const NV: usize> RowInfo<NV> {
@@ -255,12 +299,17 @@ impl<const NV: usize> RowInfo<NV> {
         let mut hi = [[0i32; LANES]; NV];
         let mut diag = [[0f32; LANES]; NV];
         let mut slope = [[0f32; LANES]; NV];
+        let mut bounds = [(usize::MAX, 0); NV];
         for r in 0..item.rows() {
             let (pos, h) = item.row(r);
             let range = mask.kv_range(pos);
             let (v, l) = (r / LANES, r % LANES);
             lo[v][l] = range.start as i32;
             hi[v][l] = range.end as i32;
+            if !range.is_empty() {
+                let b = &mut bounds[v];
+                *b = (b.0.min(range.start), b.1.max(range.end));
+            }
             diag[v][l] = mask.diagonal(pos) as f32;
             if let Some(s) = &ctx.p.options.alibi_slopes {
                 slope[v][l] = s[h] * LOG2_E;
@@ -271,6 +320,7 @@ impl<const NV: usize> RowInfo<NV> {
             hi: hi.map(i32x16::from),
             diag: diag.map(V::from),
             slope: slope.map(V::from),
+            bounds: bounds.map(|b| if b.0 < b.1 { b } else { (0, 0) }),
         }
     }
 }

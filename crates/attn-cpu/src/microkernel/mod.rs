@@ -16,10 +16,12 @@ mod scores;
 pub use pv::pv;
 pub use scores::scores;
 
+use crate::blocking::{mr, ROW_VECS};
+
 /// Calls `$kernel::<m, NV>` for a runtime `m` in `1..=mr(NV)` (the tail
 /// of a loop over keys or value columns).
 macro_rules! dispatch_m {
-    ($nv:ident, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
+    ($nv:tt, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
         match $m {
             1 => $kernel::<1, $nv>($($arg),*),
             2 => $kernel::<2, $nv>($($arg),*),
@@ -38,10 +40,72 @@ macro_rules! dispatch_m {
 }
 pub(crate) use dispatch_m;
 
+/// [`scores`] on `nv` of a block's vectors (`nv` in `1..=ROW_VECS`, `m <=
+/// mr(nv)`), both chosen at run time: the calls of a triangular tile, where
+/// some vectors of rows see none of a group's keys. One copy for every
+/// element type, not inlined.
+///
+/// # Safety
+/// As [`scores`] with `M = m`, `NV = nv`.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)] // the kernel's arguments and its two sizes
+pub unsafe fn scores_part(
+    nv: usize,
+    m: usize,
+    k: *const f32,
+    k_stride: usize,
+    qt: *const f32,
+    ld: usize,
+    d: usize,
+    s: *mut f32,
+) {
+    debug_assert!((1..=ROW_VECS).contains(&nv) && (1..=mr(nv)).contains(&m));
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match nv {
+            1 => dispatch_m!(1, m, scores(k, k_stride, qt, ld, d, s)),
+            2 => dispatch_m!(2, m, scores(k, k_stride, qt, ld, d, s)),
+            3 => dispatch_m!(3, m, scores(k, k_stride, qt, ld, d, s)),
+            _ => dispatch_m!(4, m, scores(k, k_stride, qt, ld, d, s)),
+        }
+    }
+}
+
+/// [`pv`] on `nv` of a block's vectors with no rescaling (`alpha = 1`;
+/// the caller rescales the running output once per tile), `nv` and `m <=
+/// mr(nv)` chosen at run time: the calls of a triangular tile.
+///
+/// # Safety
+/// As [`pv`] with `M = m`, `NV = nv`.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)] // the kernel's arguments and its two sizes
+pub unsafe fn pv_part(
+    nv: usize,
+    m: usize,
+    v: *const f32,
+    v_stride: usize,
+    pt: *const f32,
+    ld: usize,
+    n: usize,
+    ot: *mut f32,
+) {
+    debug_assert!((1..=ROW_VECS).contains(&nv) && (1..=mr(nv)).contains(&m));
+    let one = crate::simd::V::ONE;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match nv {
+            1 => dispatch_m!(1, m, pv(v, v_stride, pt, ld, n, ot, &[one])),
+            2 => dispatch_m!(2, m, pv(v, v_stride, pt, ld, n, ot, &[one; 2])),
+            3 => dispatch_m!(3, m, pv(v, v_stride, pt, ld, n, ot, &[one; 3])),
+            _ => dispatch_m!(4, m, pv(v, v_stride, pt, ld, n, ot, &[one; 4])),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blocking::{mr, LANES};
+    use crate::blocking::LANES;
     use crate::simd::V;
 
     fn fill(n: usize, seed: u32) -> Vec<f32> {
@@ -50,32 +114,43 @@ mod tests {
             .collect()
     }
 
-    fn scores_nv<const NV: usize>() {
-        let rows = NV * LANES;
+    /// Checks a score kernel on `nv` vectors of a panel one vector wider
+    /// than them (rows `ld` apart, the kernel's columns starting at vector
+    /// 1), against scalar dot products; the panel's other columns must be
+    /// left alone.
+    fn check_scores(
+        nv: usize,
+        call: impl Fn(usize, &[f32], usize, *const f32, usize, usize, *mut f32),
+    ) {
+        let rows = nv * LANES;
+        let ld = rows + LANES;
         for d in [1usize, 3, 16, 67] {
             let stride = d + 5;
-            let k = fill(mr(NV) * stride, 1);
-            let qt = fill(d * rows, 2);
-            for m in 1..=mr(NV) {
-                let mut s = vec![f32::NAN; m * rows];
-                // SAFETY: k holds mr(NV) rows of `stride >= d` floats, qt
-                // holds d x rows floats, s holds m x rows floats.
-                unsafe {
-                    dispatch_m!(
-                        NV,
-                        m,
-                        scores(k.as_ptr(), stride, qt.as_ptr(), d, s.as_mut_ptr())
-                    )
-                };
+            let k = fill(mr(nv) * stride, 1);
+            let qt = fill(d * ld, 2);
+            for m in 1..=mr(nv) {
+                let mut s = vec![f32::NAN; m * ld];
+                call(
+                    m,
+                    &k,
+                    stride,
+                    qt[LANES..].as_ptr(),
+                    ld,
+                    d,
+                    s[LANES..].as_mut_ptr(),
+                );
                 for j in 0..m {
+                    assert!(s[j * ld..j * ld + LANES].iter().all(|x| x.is_nan()));
                     for r in 0..rows {
                         let want: f64 = (0..d)
-                            .map(|e| f64::from(k[j * stride + e]) * f64::from(qt[e * rows + r]))
+                            .map(|e| {
+                                f64::from(k[j * stride + e]) * f64::from(qt[e * ld + LANES + r])
+                            })
                             .sum();
-                        let got = f64::from(s[j * rows + r]);
+                        let got = f64::from(s[j * ld + LANES + r]);
                         assert!(
                             (got - want).abs() <= 1e-5 * d as f64,
-                            "d={d} m={m} {got} {want}"
+                            "nv={nv} d={d} m={m} {got} {want}"
                         );
                     }
                 }
@@ -83,54 +158,94 @@ mod tests {
         }
     }
 
+    fn scores_nv<const NV: usize>() {
+        check_scores(NV, |m, k, ks, qt, ld, d, s| {
+            // SAFETY: check_scores passes mr(NV) keys of `ks >= d` floats,
+            // a d x ld panel and m rows of ld floats, NV vectors from qt/s.
+            unsafe { dispatch_m!(NV, m, scores(k.as_ptr(), ks, qt, ld, d, s)) }
+        });
+    }
+
     #[test]
     fn scores_match_scalar_dot_products() {
         scores_nv::<1>();
         scores_nv::<4>();
+        for nv in 1..=4 {
+            // SAFETY: as in scores_nv, for nv vectors.
+            check_scores(nv, |m, k, ks, qt, ld, d, s| unsafe {
+                scores_part(nv, m, k.as_ptr(), ks, qt, ld, d, s)
+            });
+        }
     }
 
-    fn pv_nv<const NV: usize>() {
-        let rows = NV * LANES;
+    /// Checks a value kernel on `nv` vectors of a tile one vector wider than
+    /// them (as `check_scores`), with rescale factors `alpha` (`None`: 1).
+    fn check_pv(
+        nv: usize,
+        alpha: Option<&[V]>,
+        call: impl Fn(usize, &[f32], usize, *const f32, usize, usize, *mut f32),
+    ) {
+        let rows = nv * LANES;
+        let ld = rows + LANES;
         for n in [1usize, 2, 7, 128] {
             let stride = 13;
             let v = fill(n * stride, 3);
-            let pt = fill(n * rows, 4);
-            let alpha: [V; NV] = std::array::from_fn(|i| {
-                V::from(std::array::from_fn(|l| {
-                    0.5 + (i * LANES + l) as f32 / 128.0
-                }))
-            });
-            for m in 1..=mr(NV) {
-                let ot0 = fill(m * rows, 5);
+            let pt = fill(n * ld, 4);
+            for m in 1..=mr(nv) {
+                let ot0 = fill(m * ld, 5);
                 let mut ot = ot0.clone();
-                // SAFETY: v holds n rows of 13 >= m floats, pt n x rows,
-                // ot m x rows.
-                unsafe {
-                    dispatch_m!(
-                        NV,
-                        m,
-                        pv(v.as_ptr(), stride, pt.as_ptr(), n, ot.as_mut_ptr(), &alpha)
-                    )
-                };
+                call(
+                    m,
+                    &v,
+                    stride,
+                    pt[LANES..].as_ptr(),
+                    ld,
+                    n,
+                    ot[LANES..].as_mut_ptr(),
+                );
                 for c in 0..m {
+                    assert_eq!(ot[c * ld..c * ld + LANES], ot0[c * ld..c * ld + LANES]);
                     for r in 0..rows {
-                        let a = f64::from(alpha[r / LANES].to_array()[r % LANES]);
-                        let want = a * f64::from(ot0[c * rows + r])
+                        let a =
+                            alpha.map_or(1.0, |a| f64::from(a[r / LANES].to_array()[r % LANES]));
+                        let at = c * ld + LANES + r;
+                        let want = a * f64::from(ot0[at])
                             + (0..n)
-                                .map(|j| f64::from(v[j * stride + c]) * f64::from(pt[j * rows + r]))
+                                .map(|j| {
+                                    f64::from(v[j * stride + c]) * f64::from(pt[j * ld + LANES + r])
+                                })
                                 .sum::<f64>();
-                        let got = f64::from(ot[c * rows + r]);
-                        assert!((got - want).abs() <= 1e-5 * n as f64, "n={n} m={m}");
+                        let got = f64::from(ot[at]);
+                        assert!((got - want).abs() <= 1e-5 * n as f64, "nv={nv} n={n} m={m}");
                     }
                 }
             }
         }
     }
 
+    fn pv_nv<const NV: usize>() {
+        let alpha: [V; NV] = std::array::from_fn(|i| {
+            V::from(std::array::from_fn(|l| {
+                0.5 + (i * LANES + l) as f32 / 128.0
+            }))
+        });
+        check_pv(NV, Some(&alpha), |m, v, vs, pt, ld, n, ot| {
+            // SAFETY: check_pv passes n value rows of 13 >= m floats, an n x
+            // ld tile and m rows of ld floats, NV vectors from pt/ot.
+            unsafe { dispatch_m!(NV, m, pv(v.as_ptr(), vs, pt, ld, n, ot, &alpha)) }
+        });
+    }
+
     #[test]
     fn pv_matches_scalar_accumulation() {
         pv_nv::<1>();
         pv_nv::<4>();
+        for nv in 1..=4 {
+            // SAFETY: as in pv_nv, for nv vectors.
+            check_pv(nv, None, |m, v, vs, pt, ld, n, ot| unsafe {
+                pv_part(nv, m, v.as_ptr(), vs, pt, ld, n, ot)
+            });
+        }
     }
 
     fn decode_scores_r<E: crate::element::CpuElement, const R: usize>(from: fn(f32) -> E) {

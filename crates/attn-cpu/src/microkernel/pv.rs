@@ -10,29 +10,32 @@ use crate::simd::{load, store, V};
 /// Accumulates `M` rows of the transposed output tile over `n` keys.
 ///
 /// `v` points at column `c0` of value row 0, rows `v_stride` floats apart;
-/// `pt` is the `n x (NV*16)` probability tile; `ot` holds `M` rows of
-/// `NV*16` running outputs, updated in place.
+/// `pt` points at `NV*16` columns of the `n`-row probability tile and `ot`
+/// at `M` rows of `NV*16` running outputs (updated in place), both with
+/// rows `ld` floats apart (`ld >= NV*16`: a kernel may work on some of the
+/// block's vectors).
 ///
 /// # Safety
-/// `v + j*v_stride + c` is readable for `j < n`, `c < M`; `pt` holds
-/// `n * NV * 16` floats; `ot` holds `M * NV * 16` floats.
+/// `v + j*v_stride + c` is readable for `j < n`, `c < M`; `pt + j*ld + r`
+/// is readable for `j < n`, `r < NV*16`; `ot + c*ld + r` is readable and
+/// writable for `c < M`, `r < NV*16`.
 #[inline(always)]
 pub unsafe fn pv<const M: usize, const NV: usize>(
     v: *const f32,
     v_stride: usize,
     pt: *const f32,
+    ld: usize,
     n: usize,
     ot: *mut f32,
     alpha: &[V; NV],
 ) {
-    let w = NV * LANES;
     let mut acc: [[V; NV]; M] = std::array::from_fn(|c| {
-        // SAFETY: c < M rows of w floats are in ot.
-        std::array::from_fn(|r| unsafe { load(ot.add(c * w + r * LANES)) } * alpha[r])
+        // SAFETY: c < M rows of NV*16 floats, ld apart, are in ot.
+        std::array::from_fn(|r| unsafe { load(ot.add(c * ld + r * LANES)) } * alpha[r])
     });
     for j in 0..n {
-        // SAFETY: j < n, so row j of the tile (w floats) is in pt.
-        let p: [V; NV] = std::array::from_fn(|r| unsafe { load(pt.add(j * w + r * LANES)) });
+        // SAFETY: j < n, so row j of the tile (NV*16 floats) is in pt.
+        let p: [V; NV] = std::array::from_fn(|r| unsafe { load(pt.add(j * ld + r * LANES)) });
         for (c, row) in acc.iter_mut().enumerate() {
             // SAFETY: j < n and c < M: within the caller's value rows.
             let x = V::splat(unsafe { *v.add(j * v_stride + c) });
@@ -43,8 +46,8 @@ pub unsafe fn pv<const M: usize, const NV: usize>(
     }
     for (c, row) in acc.iter().enumerate() {
         for (r, &a) in row.iter().enumerate() {
-            // SAFETY: c < M rows of w floats are in ot.
-            unsafe { store(ot.add(c * w + r * LANES), a) };
+            // SAFETY: c < M rows of NV*16 floats, ld apart, are in ot.
+            unsafe { store(ot.add(c * ld + r * LANES), a) };
         }
     }
 }
