@@ -18,7 +18,7 @@
 //! mask), go through [`transform`]. On those tiles the kernels run only on
 //! the vectors of rows that see each part of the tile (`parts.rs`).
 
-use crate::blocking::{mr, DECODE_KEYS, KEYS, LANES, ROWS};
+use crate::blocking::{mr, DECODE_KEYS, KEYS, LANES, PREFETCH_SPAN_BYTES, ROWS};
 use crate::decode::DECODE_ROWS;
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, pv_part, scores, scores_part};
@@ -140,17 +140,24 @@ pub fn run_item<T: CpuElement, const NV: usize>(
     // call of the block.
     ws.ahead
         .pace(hi.saturating_sub(lo).div_ceil(KEYS) * KEYS.div_ceil(mr(NV)));
+    // K and V rows of the next tile are prefetched into L2 during each
+    // tile, unless the block's whole span is small enough to have stayed in
+    // L2 since the previous block of the same head read it (see
+    // `PREFETCH_SPAN_BYTES`).
+    let span_bytes = hi.saturating_sub(lo) * (dk + p.shape.head_dim_v) * size_of::<T>();
+    let prefetch = span_bytes > PREFETCH_SPAN_BYTES;
     let mut j0 = lo;
     while j0 < hi {
         let n = KEYS.min(hi - j0);
         let class = mask.classify(item.positions(), j0..j0 + n);
         if class != TileClass::Skip {
+            let next_n = if prefetch { n.min(hi - j0 - n) } else { 0 };
             step(
                 ctx,
                 item,
                 ws,
                 &mut sm,
-                (j0, n),
+                (j0, n, next_n),
                 &rows,
                 class == TileClass::Partial || per_element,
             );
@@ -160,13 +167,14 @@ pub fn run_item<T: CpuElement, const NV: usize>(
     sm
 }
 
-/// One key tile: scores, transforms, softmax, `P V`.
+/// One key tile `j0..j0+n`: scores, transforms, softmax, `P V`; prefetches
+/// the first `next_n` keys after it.
 fn step<T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     ws: &mut Workspace,
     sm: &mut OnlineSoftmax<NV>,
-    (j0, n): (usize, usize),
+    (j0, n, next_n): (usize, usize, usize),
     rows: &RowInfo<NV>,
     masked: bool,
 ) {
@@ -174,10 +182,9 @@ fn step<T: CpuElement, const NV: usize>(
     let w = NV * LANES;
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
     let g = (item.b, item.kvh);
-    // Keys of the next tile that this item will visit (prefetched below,
-    // group by group, so the requests spread over the tile's compute
-    // instead of stalling on full miss buffers at its start).
-    let next_n = n.min(item.keys.end.saturating_sub(j0 + n));
+    // `next_n` keys of the next tile are prefetched below, group by group,
+    // so the requests spread over the tile's compute instead of stalling on
+    // full miss buffers at its start.
     let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
     assert!(k.len() >= (n - 1) * ks + dk && ws.qt.len() >= dk * w && ws.st.len() >= n * w);
     // This tile's values are packed group by group between the score
