@@ -39,6 +39,10 @@
 //!   buffers. Measured (1 thread, alternating runs in one process):
 //!   without the prefetch S = 512, d = 128 (512 KiB of K and V) ran about
 //!   3% faster; with it S = 8192 causal ran 15% faster.
+//! - [`PACKED_V_BYTES`] = 512 KiB: value rows are packed (`pack.rs`) before
+//!   the `P V` kernel reads them; a thread keeps a head's packed rows across
+//!   its blocks when they fit in this many bytes (S <= 910 at d = 128,
+//!   1638 at d = 64), half of a 1 MiB L2 beside that head's K.
 //! - [`SPLIT_KEYS`] = 1024: decoding (few query rows, long K/V) splits the
 //!   keys into chunks of this many, computed in parallel and merged with
 //!   `merge_states`. It is a constant, never derived from the thread count,
@@ -75,6 +79,9 @@ pub const fn mr(nv: usize) -> usize {
 /// A block whose K and V rows span at most this many bytes does not
 /// prefetch them (they are in L2 already).
 pub const PREFETCH_SPAN_BYTES: usize = 512 << 10;
+
+/// Most bytes of packed value rows a thread keeps across blocks.
+pub const PACKED_V_BYTES: usize = 512 << 10;
 
 /// Keys per chunk when the keys of one block of rows are split across
 /// threads (decoding).

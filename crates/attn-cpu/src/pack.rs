@@ -4,7 +4,7 @@
 //! dimension, otherwise widened into a scratch block) and value rows
 //! (always copied into a tile whose row stride avoids cache-set aliasing).
 
-use crate::blocking::LANES;
+use crate::blocking::{LANES, PACKED_V_BYTES};
 use crate::element::CpuElement;
 use crate::simd::{load, store, V};
 use crate::work::Item;
@@ -116,6 +116,69 @@ pub fn pack_rows<T: CpuElement>(
         }
     }
     s
+}
+
+/// Packed value rows kept across the blocks of one head, indexed by key:
+/// the blocks of a head run one after another on a thread (see
+/// `schedule.rs`), and each re-reads the keys its predecessor read, so
+/// when the head's packed V fits in [`PACKED_V_BYTES`] it is packed once
+/// per thread instead of once per block. Only keys `0..end` with `end *
+/// stride` floats within that budget are kept, so the memory stays bounded
+/// whatever the sequence length.
+#[derive(Debug, Default)]
+pub struct PackedV {
+    buf: Vec<f32>,
+    /// (batch, K/V head) of the rows held.
+    head: (usize, usize),
+    /// Keys whose packed rows are in `buf`.
+    valid: std::ops::Range<usize>,
+}
+
+impl PackedV {
+    /// Whether keys `0..end`, packed `stride` floats apart, fit the budget.
+    pub fn fits(end: usize, stride: usize) -> bool {
+        end * stride * size_of::<f32>() <= PACKED_V_BYTES
+    }
+
+    /// Whether keys `keys` of head `g` are packed already.
+    pub fn holds(&self, g: (usize, usize), keys: &std::ops::Range<usize>) -> bool {
+        self.head == g && self.valid.start <= keys.start && keys.end <= self.valid.end
+    }
+
+    /// The slots of keys `j0..` of head `g` (`stride` floats per key), to
+    /// pack into; forgets another head's rows. Call [`PackedV::mark`] once
+    /// they are written.
+    pub fn claim(
+        &mut self,
+        g: (usize, usize),
+        (j0, n): (usize, usize),
+        stride: usize,
+    ) -> &mut [f32] {
+        assert!(Self::fits(j0 + n, stride));
+        if self.head != g {
+            self.head = g;
+            self.valid = 0..0;
+        }
+        if self.buf.len() < (j0 + n) * stride {
+            self.buf.resize((j0 + n) * stride, 0.0);
+        }
+        &mut self.buf[j0 * stride..]
+    }
+
+    /// Records that keys `keys` of the claimed head are packed.
+    pub fn mark(&mut self, keys: std::ops::Range<usize>) {
+        let v = &self.valid;
+        self.valid = if v.is_empty() || keys.end < v.start || v.end < keys.start {
+            keys
+        } else {
+            v.start.min(keys.start)..v.end.max(keys.end)
+        };
+    }
+
+    /// The packed rows from key `j0` on.
+    pub fn rows(&self, j0: usize, stride: usize) -> &[f32] {
+        &self.buf[j0 * stride..]
+    }
 }
 
 /// `dst.copy_from_slice(src)` with 16-lane loads and stores, inlined.
@@ -337,4 +400,40 @@ fn prefetch(p: *const u8, hint: Hint) {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, hint);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_v_keeps_one_contiguous_range_of_one_head() {
+        let mut c = PackedV::default();
+        let (a, b) = ((0, 1), (0, 2));
+        assert!(!c.holds(a, &(0..4)));
+        c.claim(a, (0, 4), 16)[..64].fill(1.0);
+        c.mark(0..4);
+        assert!(c.holds(a, &(0..4)) && c.holds(a, &(1..3)));
+        assert!(!c.holds(b, &(0..4)) && !c.holds(a, &(0..5)));
+        // Adjacent and overlapping tiles extend the range...
+        c.claim(a, (4, 4), 16);
+        c.mark(4..8);
+        assert!(c.holds(a, &(0..8)));
+        // ...a disjoint one replaces it...
+        c.claim(a, (10, 2), 16);
+        c.mark(10..12);
+        assert!(c.holds(a, &(10..12)) && !c.holds(a, &(0..4)));
+        // ...and another head forgets it.
+        c.claim(b, (0, 2), 16);
+        assert!(!c.holds(a, &(10..12)));
+        c.mark(0..2);
+        assert!(c.holds(b, &(0..2)) && !c.holds(a, &(0..2)));
+        assert_eq!(c.rows(1, 16).len(), c.buf.len() - 16);
+    }
+
+    #[test]
+    fn packed_v_budget_is_in_bytes_of_f32() {
+        let keys = PACKED_V_BYTES / (4 * 144);
+        assert!(PackedV::fits(keys, 144) && !PackedV::fits(keys + 1, 144));
+    }
 }

@@ -5,11 +5,12 @@
 //! workspace is one tile of each kind, independent of sequence length.
 //!
 //! Why query rows along the lanes (the transposed formulation): keys and
-//! values are then read as broadcast scalars straight from the caller's
-//! rows (no transposition, no packing of K or V when they are f32), the
-//! only packed panel is `Q^T`, built once per block and reused for every key
-//! tile, and the softmax's row maximum and sum are plain lane-wise vector
-//! operations with no horizontal reduction.
+//! values are then read as broadcast scalars from their rows (no
+//! transposition; f32 keys straight from the caller's tensor, values copied
+//! to a stride that avoids L1 set aliasing, once per head when they fit
+//! `PACKED_V_BYTES`), the query panel `Q^T` is built once per block and
+//! reused for every key tile, and the softmax's row maximum and sum are
+//! plain lane-wise vector operations with no horizontal reduction.
 //!
 //! Masking follows the tile classifier of `attn_spec::SeqMask`: `Skip`
 //! tiles are never visited (the loop runs over the block's visible key span
@@ -22,7 +23,7 @@ use crate::blocking::{mr, DECODE_KEYS, KEYS, LANES, PREFETCH_SPAN_BYTES, ROWS};
 use crate::decode::DECODE_ROWS;
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, pv_part, scores, scores_part};
-use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows, Ahead, Hint};
+use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows, Ahead, Hint, PackedV};
 use crate::parts::Parts;
 use crate::simd::{load, store, V};
 use crate::softmax::OnlineSoftmax;
@@ -81,6 +82,8 @@ pub struct Workspace {
     pub kbuf: Vec<f32>,
     /// Packed value tile (rows `packed_stride(dv)` apart).
     pub vbuf: Vec<f32>,
+    /// A head's packed value rows, kept across its blocks.
+    pub packed_v: PackedV,
     /// The finished block in row-major order, `ROWS x dv`.
     pub orow: Vec<f32>,
     /// Sixteen widened query rows.
@@ -100,6 +103,7 @@ impl Workspace {
             ot: vec![0.0; dv * ROWS],
             kbuf: vec![0.0; KEYS * dk],
             vbuf: vec![0.0; KEYS * packed_stride(dv)],
+            packed_v: PackedV::default(),
             orow: vec![0.0; ROWS * dv],
             qrow: vec![0.0; LANES * dk],
             sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
@@ -185,13 +189,32 @@ fn step<T: CpuElement, const NV: usize>(
     // `next_n` keys of the next tile are prefetched below, group by group,
     // so the requests spread over the tile's compute instead of stalling on
     // full miss buffers at its start.
-    let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
-    assert!(k.len() >= (n - 1) * ks + dk && ws.qt.len() >= dk * w && ws.st.len() >= n * w);
+    let Workspace {
+        qt,
+        st,
+        ot,
+        kbuf,
+        vbuf,
+        packed_v,
+        ahead,
+        ..
+    } = ws;
+    let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, kbuf);
+    assert!(k.len() >= (n - 1) * ks + dk && qt.len() >= dk * w && st.len() >= n * w);
     // This tile's values are packed group by group between the score
     // kernels, each group one kernel call after its prefetch into L1: the
     // rows are copied while they are certainly in cache, and the copy
     // overlaps the arithmetic instead of running as a pass of its own.
+    // They go to the head's kept rows when those fit (`PackedV`), where a
+    // later block of the head finds them packed already.
     let vs = packed_stride(dv);
+    let keep = PackedV::fits(j0 + n, vs);
+    let ready = keep && packed_v.holds(g, &(j0..j0 + n));
+    let vdst: &mut [f32] = if keep {
+        packed_v.claim(g, (j0, n), vs)
+    } else {
+        vbuf
+    };
     // A masked tile runs only the vectors of rows that see each part of
     // it (`parts.rs`); the mask then writes -inf over the scores left out.
     let parts = if masked {
@@ -199,7 +222,7 @@ fn step<T: CpuElement, const NV: usize>(
     } else {
         Parts::whole(n, NV)
     };
-    let mut packed = 0;
+    let mut packed = if ready { n } else { 0 };
     for (keys, vecs) in parts.iter() {
         let nv = vecs.len();
         let mut j = keys.start;
@@ -214,16 +237,18 @@ fn step<T: CpuElement, const NV: usize>(
                     prefetch_rows(src, view, g, (j0 + n + j, m.min(next_n - j)), d, Hint::L2);
                 }
             }
-            prefetch_rows(ctx.v, &p.v, g, (j0 + j, m), dv, Hint::L1);
-            ws.ahead.issue();
+            if !ready {
+                prefetch_rows(ctx.v, &p.v, g, (j0 + j, m), dv, Hint::L1);
+            }
+            ahead.issue();
             if packed < j {
                 let span = (j0 + packed, j - packed);
-                pack_rows(ctx.v, &p.v, g, span, dv, &mut ws.vbuf[packed * vs..]);
+                pack_rows(ctx.v, &p.v, g, span, dv, &mut vdst[packed * vs..]);
                 packed = j;
             }
             let at = vecs.start * LANES;
-            let (kp, qp) = (k[j * ks..].as_ptr(), ws.qt[at..].as_ptr());
-            let sp = ws.st[j * w + at..].as_mut_ptr();
+            let (kp, qp) = (k[j * ks..].as_ptr(), qt[at..].as_ptr());
+            let sp = st[j * w + at..].as_mut_ptr();
             if nv == NV {
                 // SAFETY: `k` holds n rows of dk floats, ks apart; qt is dk x
                 // w; st has n x w floats and j + m <= n (asserted above).
@@ -235,22 +260,29 @@ fn step<T: CpuElement, const NV: usize>(
             j += m;
         }
     }
-    let span = (j0 + packed, n - packed);
-    pack_rows(ctx.v, &p.v, g, span, dv, &mut ws.vbuf[packed * vs..]);
-    if masked {
-        transform(ctx, item, &mut ws.st, (j0, n), rows);
+    if packed < n {
+        let span = (j0 + packed, n - packed);
+        pack_rows(ctx.v, &p.v, g, span, dv, &mut vdst[packed * vs..]);
     }
-    let alpha = sm.update(&mut ws.st, n);
-    let v = &ws.vbuf[..];
-    assert!(v.len() >= (n - 1) * vs + dv && ws.ot.len() >= dv * w);
+    let v: &[f32] = if keep {
+        packed_v.mark(j0..j0 + n);
+        packed_v.rows(j0, vs)
+    } else {
+        vbuf
+    };
+    if masked {
+        transform(ctx, item, st, (j0, n), rows);
+    }
+    let alpha = sm.update(st, n);
+    assert!(v.len() >= (n - 1) * vs + dv && ot.len() >= dv * w);
     if parts.is_whole(n, NV) {
         let mut c = 0;
         while c < dv {
             let m = mr(NV).min(dv - c);
-            let (vp, op) = (v[c..].as_ptr(), ws.ot[c * w..].as_mut_ptr());
+            let (vp, op) = (v[c..].as_ptr(), ot[c * w..].as_mut_ptr());
             // SAFETY: v holds n rows of dv floats, vs apart, and c + m <= dv;
             // st holds n x w probabilities; ot is dv x w (asserted above).
-            unsafe { dispatch_m!(NV, m, pv(vp, vs, ws.st.as_ptr(), w, n, op, &alpha)) };
+            unsafe { dispatch_m!(NV, m, pv(vp, vs, st.as_ptr(), w, n, op, &alpha)) };
             c += m;
         }
         return;
@@ -261,20 +293,20 @@ fn step<T: CpuElement, const NV: usize>(
         for (r, &a) in alpha.iter().enumerate() {
             let at = c * w + r * LANES;
             // SAFETY: c < dv and r < NV: 16 floats at `at` in ot (dv x w).
-            unsafe { store(ws.ot.as_mut_ptr().add(at), load(ws.ot.as_ptr().add(at)) * a) };
+            unsafe { store(ot.as_mut_ptr().add(at), load(ot.as_ptr().add(at)) * a) };
         }
     }
     for (keys, vecs) in parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
         let nv = vecs.len();
         let at = vecs.start * LANES;
-        let pp = ws.st[keys.start * w + at..].as_ptr();
+        let pp = st[keys.start * w + at..].as_ptr();
         let mut c = 0;
         while c < dv {
             let left = dv - c;
             let m = left.div_ceil(left.div_ceil(mr(nv)));
             let (vp, op) = (
                 v[keys.start * vs + c..].as_ptr(),
-                ws.ot[c * w + at..].as_mut_ptr(),
+                ot[c * w + at..].as_mut_ptr(),
             );
             // SAFETY: v holds n rows of dv floats, vs apart, the part's keys
             // lie in 0..n and c + m <= dv; st holds n x w probabilities and
