@@ -92,6 +92,8 @@ pub struct Workspace {
     pub sd: Vec<f32>,
     /// Rows to prefetch while the block computes (set by the scheduler).
     pub ahead: Ahead,
+    /// (batch, K/V head) of the last block run on this workspace.
+    pub head: Option<(usize, usize)>,
 }
 
 impl Workspace {
@@ -108,6 +110,7 @@ impl Workspace {
             qrow: vec![0.0; LANES * dk],
             sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
             ahead: Ahead::default(),
+            head: None,
         }
     }
 }
@@ -149,7 +152,9 @@ pub fn run_item<T: CpuElement, const NV: usize>(
     // L2 since the previous block of the same head read it (see
     // `PREFETCH_SPAN_BYTES`).
     let span_bytes = hi.saturating_sub(lo) * (dk + p.shape.head_dim_v) * size_of::<T>();
-    let prefetch = span_bytes > PREFETCH_SPAN_BYTES;
+    let head = (item.b, item.kvh);
+    let prefetch = span_bytes > PREFETCH_SPAN_BYTES || ws.head != Some(head);
+    ws.head = Some(head);
     let mut j0 = lo;
     while j0 < hi {
         let n = KEYS.min(hi - j0);
