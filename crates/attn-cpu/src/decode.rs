@@ -19,8 +19,9 @@ use crate::microkernel::decode as mk;
 use crate::pack::{gather_row, kv_rows, typed_rows, RowStream};
 use crate::simd::{load, store, V};
 use crate::softmax::finish_row;
-use crate::tiling::{Ctx, Workspace};
+use crate::tiling::Ctx;
 use crate::work::Item;
+use crate::workspace::Workspace;
 use attn_spec::TileClass;
 use std::f32::consts::LOG2_E;
 

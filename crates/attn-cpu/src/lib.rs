@@ -28,6 +28,7 @@ mod simd;
 mod softmax;
 mod tiling;
 mod work;
+mod workspace;
 
 pub use element::CpuElement;
 pub use simd::{compiled_level, detected_level, simd_warning};

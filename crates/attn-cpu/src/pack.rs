@@ -165,6 +165,11 @@ impl PackedV {
         &mut self.buf[j0 * stride..]
     }
 
+    /// Forgets every row held (keeps the memory).
+    pub fn forget(&mut self) {
+        self.valid = 0..0;
+    }
+
     /// Records that keys `keys` of the claimed head are packed.
     pub fn mark(&mut self, keys: std::ops::Range<usize>) {
         let v = &self.valid;

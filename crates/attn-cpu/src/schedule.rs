@@ -17,8 +17,9 @@ use crate::element::CpuElement;
 use crate::pack::Hint;
 use crate::simd::{load, store, V};
 use crate::softmax::finish_row;
-use crate::tiling::{run_item, Ctx, Workspace};
+use crate::tiling::{run_item, Ctx};
 use crate::work::{chunks, row_blocks, split_keys, Item};
+use crate::workspace::{Lease, Workspace};
 use attn_spec::merge_states;
 use rayon::prelude::*;
 use std::f32::consts::LN_2;
@@ -159,16 +160,21 @@ fn run_block<T: CpuElement>(
     }
 }
 
-/// Maps `f` over `items` with a per-thread workspace from `init`, on the
-/// current rayon pool when `par`, else in order on the calling thread.
+/// Maps `f` over `items` with a workspace for head dims `dims` leased per
+/// job, on the current rayon pool when `par`, else in order on the calling
+/// thread.
 fn map_items<I: Sync, R: Send>(
     par: bool,
     items: &[I],
-    init: impl Fn() -> Workspace + Sync + Send,
+    (dk, dv): (usize, usize),
     f: impl Fn(&mut Workspace, &I) -> R + Sync + Send,
 ) -> Vec<R> {
+    let init = || Lease::new(dk, dv);
     if par {
-        items.par_iter().map_init(init, f).collect()
+        items
+            .par_iter()
+            .map_init(init, |ws, it| f(ws, it))
+            .collect()
     } else {
         let mut ws = init();
         items.iter().map(|it| f(&mut ws, it)).collect()
@@ -204,40 +210,35 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
     let sinks = p.options.sinks.as_deref();
     if !split_keys(p, blocks.len()) {
         let order: Vec<usize> = (0..blocks.len()).collect();
-        map_items(
-            par,
-            &order,
-            || Workspace::new(dk, dv),
-            |ws, &i| {
-                let it = &blocks[i];
-                // This block's output rows, and the query rows of the
-                // block that most likely runs next on this thread (the
-                // pool hands each thread a contiguous range of items).
-                ws.ahead.clear();
-                for r in 0..it.rows() {
-                    let (pos, h) = it.row(r);
-                    ws.ahead.push(
-                        sink.row_addr(ctx, (it.b, pos, h)),
-                        dv * size_of::<T>(),
-                        Hint::Write,
-                    );
+        map_items(par, &order, (dk, dv), |ws, &i| {
+            let it = &blocks[i];
+            // This block's output rows, and the query rows of the
+            // block that most likely runs next on this thread (the
+            // pool hands each thread a contiguous range of items).
+            ws.ahead.clear();
+            for r in 0..it.rows() {
+                let (pos, h) = it.row(r);
+                ws.ahead.push(
+                    sink.row_addr(ctx, (it.b, pos, h)),
+                    dv * size_of::<T>(),
+                    Hint::Write,
+                );
+            }
+            if let Some(next) = blocks.get(i + 1) {
+                for r in 0..next.rows() {
+                    let (pos, h) = next.row(r);
+                    let at = p.q.index([next.b, pos, h, 0]).min(ctx.q.len());
+                    let addr = ctx.q[at..].as_ptr() as usize;
+                    ws.ahead.push(addr, dk * size_of::<T>(), Hint::L2);
                 }
-                if let Some(next) = blocks.get(i + 1) {
-                    for r in 0..next.rows() {
-                        let (pos, h) = next.row(r);
-                        let at = p.q.index([next.b, pos, h, 0]).min(ctx.q.len());
-                        let addr = ctx.q[at..].as_ptr() as usize;
-                        ws.ahead.push(addr, dk * size_of::<T>(), Hint::L2);
-                    }
-                }
-                let finish = run_block(ctx, it, ws, sinks);
-                for (r, &(f, lse)) in finish.iter().enumerate() {
-                    let (pos, h) = it.row(r);
-                    let row = &ws.orow[r * dv..(r + 1) * dv];
-                    sink.write_row(ctx, (it.b, pos, h), row, f, lse);
-                }
-            },
-        );
+            }
+            let finish = run_block(ctx, it, ws, sinks);
+            for (r, &(f, lse)) in finish.iter().enumerate() {
+                let (pos, h) = it.row(r);
+                let row = &ws.orow[r * dv..(r + 1) * dv];
+                sink.write_row(ctx, (it.b, pos, h), row, f, lse);
+            }
+        });
         return;
     }
     // Split keys: partial states over fixed key chunks, merged per block in
@@ -255,32 +256,27 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
                 chunks(span).into_iter().map(move |keys| (b, keys))
             })
             .collect();
-        let per_part = map_items(
-            par,
-            &parts,
-            || Workspace::new(dk, dv),
-            |ws, (b, keys)| {
-                let mine: Vec<(usize, &Item)> = blocks
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, it)| it.b == *b)
-                    .collect();
-                let its: Vec<&Item> = mine.iter().map(|(_, it)| *it).collect();
-                let states = crate::decode::run_lockstep(ctx, &its, keys.clone(), ws);
-                mine.iter()
-                    .zip(states)
-                    .map(|(&(bi, it), st)| {
-                        let fin = st.finish(it, None);
-                        let mut o = st.o[..it.rows() * dv].to_vec();
-                        let l: Vec<f32> = fin.iter().map(|f| f.1).collect();
-                        for (r, &(f, _)) in fin.iter().enumerate() {
-                            o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= f);
-                        }
-                        (bi, o, l)
-                    })
-                    .collect::<Vec<_>>()
-            },
-        );
+        let per_part = map_items(par, &parts, (dk, dv), |ws, (b, keys)| {
+            let mine: Vec<(usize, &Item)> = blocks
+                .iter()
+                .enumerate()
+                .filter(|(_, it)| it.b == *b)
+                .collect();
+            let its: Vec<&Item> = mine.iter().map(|(_, it)| *it).collect();
+            let states = crate::decode::run_lockstep(ctx, &its, keys.clone(), ws);
+            mine.iter()
+                .zip(states)
+                .map(|(&(bi, it), st)| {
+                    let fin = st.finish(it, None);
+                    let mut o = st.o[..it.rows() * dv].to_vec();
+                    let l: Vec<f32> = fin.iter().map(|f| f.1).collect();
+                    for (r, &(f, _)) in fin.iter().enumerate() {
+                        o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= f);
+                    }
+                    (bi, o, l)
+                })
+                .collect::<Vec<_>>()
+        });
         per_part.into_iter().flatten().collect()
     } else {
         let parts: Vec<(usize, Item)> = blocks
@@ -293,21 +289,16 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
                     .map(move |keys| (bi, Item { keys, ..it.clone() }))
             })
             .collect();
-        map_items(
-            par,
-            &parts,
-            || Workspace::new(dk, dv),
-            |ws, (bi, it)| {
-                let finish = run_block(ctx, it, ws, None);
-                let mut o = ws.orow[..it.rows() * dv].to_vec();
-                let mut l = vec![0.0f32; it.rows()];
-                for (r, &(f, lse)) in finish.iter().enumerate() {
-                    l[r] = lse;
-                    o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= f);
-                }
-                (*bi, o, l)
-            },
-        )
+        map_items(par, &parts, (dk, dv), |ws, (bi, it)| {
+            let finish = run_block(ctx, it, ws, None);
+            let mut o = ws.orow[..it.rows() * dv].to_vec();
+            let mut l = vec![0.0f32; it.rows()];
+            for (r, &(f, lse)) in finish.iter().enumerate() {
+                l[r] = lse;
+                o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= f);
+            }
+            (*bi, o, l)
+        })
     };
     blocks.iter().enumerate().for_each(|(bi, it)| {
         let rows = it.rows();

@@ -19,15 +19,15 @@
 //! mask), go through [`transform`]. On those tiles the kernels run only on
 //! the vectors of rows that see each part of the tile (`parts.rs`).
 
-use crate::blocking::{mr, DECODE_KEYS, KEYS, LANES, PREFETCH_SPAN_BYTES, ROWS};
-use crate::decode::DECODE_ROWS;
+use crate::blocking::{mr, KEYS, LANES, PREFETCH_SPAN_BYTES};
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, pv_part, scores, scores_part};
-use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows, Ahead, Hint, PackedV};
+use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows, Hint, PackedV};
 use crate::parts::Parts;
 use crate::simd::{load, store, V};
 use crate::softmax::OnlineSoftmax;
 use crate::work::Item;
+use crate::workspace::Workspace;
 use attn_spec::{HostData, Problem, SeqMask, TileClass, View};
 use std::f32::consts::LOG2_E;
 use wide::i32x16;
@@ -66,51 +66,6 @@ impl<T> Ctx<'_, T> {
             s
         } else {
             s * LOG2_E
-        }
-    }
-}
-
-/// Per-thread scratch: one tile of each kind.
-pub struct Workspace {
-    /// `Q^T`, `d_qk x ROWS`.
-    pub qt: Vec<f32>,
-    /// Score / probability tile `S^T`, `KEYS x ROWS`.
-    pub st: Vec<f32>,
-    /// Running output `O^T`, `d_v x ROWS`.
-    pub ot: Vec<f32>,
-    /// Widened keys when K is not f32 with unit stride.
-    pub kbuf: Vec<f32>,
-    /// Packed value tile (rows `packed_stride(dv)` apart).
-    pub vbuf: Vec<f32>,
-    /// A head's packed value rows, kept across its blocks.
-    pub packed_v: PackedV,
-    /// The finished block in row-major order, `ROWS x dv`.
-    pub orow: Vec<f32>,
-    /// Sixteen widened query rows.
-    pub qrow: Vec<f32>,
-    /// Decode path: score / probability rows, `DECODE_ROWS x KEYS`.
-    pub sd: Vec<f32>,
-    /// Rows to prefetch while the block computes (set by the scheduler).
-    pub ahead: Ahead,
-    /// (batch, K/V head) of the last block run on this workspace.
-    pub head: Option<(usize, usize)>,
-}
-
-impl Workspace {
-    /// Scratch for head dims `dk`, `dv`.
-    pub fn new(dk: usize, dv: usize) -> Self {
-        Workspace {
-            qt: vec![0.0; dk * ROWS],
-            st: vec![0.0; KEYS * ROWS],
-            ot: vec![0.0; dv * ROWS],
-            kbuf: vec![0.0; KEYS * dk],
-            vbuf: vec![0.0; KEYS * packed_stride(dv)],
-            packed_v: PackedV::default(),
-            orow: vec![0.0; ROWS * dv],
-            qrow: vec![0.0; LANES * dk],
-            sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
-            ahead: Ahead::default(),
-            head: None,
         }
     }
 }

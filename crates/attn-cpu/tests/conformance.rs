@@ -68,3 +68,21 @@ fn results_do_not_depend_on_the_thread_count() {
         assert_eq!(one, run(3));
     }
 }
+
+/// Workspaces are pooled per thread and reused across calls, with the value
+/// rows they packed for one head: calls with the same shapes and new data,
+/// one after another on one thread, must each see their own data. (One K/V
+/// head, so each call starts on the head the previous one ended on.)
+#[test]
+fn reused_workspaces_forget_the_previous_call() {
+    let cpu = Cpu::with_threads(1).unwrap();
+    for (seed, causal) in [(1, true), (2, true), (3, false), (4, false)] {
+        let mut params = CaseParams::plain(Shape::new(1, 2, 1, 200, 200, 32));
+        params.seed = seed;
+        if causal {
+            params.options = AttnOptions::default().causal();
+        }
+        let case = Case::build(params);
+        assert_eq!(check_case(&cpu, &case), Ok(Outcome::Passed), "seed {seed}");
+    }
+}

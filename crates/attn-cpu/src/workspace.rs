@@ -1,0 +1,126 @@
+//! Per-thread scratch: one tile of each kind, leased from a per-thread
+//! pool so that calls do not allocate (and fault in) fresh pages.
+//!
+//! rayon runs a parallel loop as jobs and calls a loop's `init` once per
+//! job, so a fresh workspace per job cost every call a few hundred
+//! kilobytes of new pages per job on every thread. A [`Lease`] takes a
+//! workspace of the right head dims from the thread's pool (or makes one),
+//! forgets what it cached for the previous call (`Workspace::reset`), and
+//! gives it back on drop. The pool keeps at most [`POOL`] workspaces per
+//! thread.
+
+use crate::blocking::{DECODE_KEYS, KEYS, LANES, ROWS};
+use crate::decode::DECODE_ROWS;
+use crate::pack::{packed_stride, Ahead, PackedV};
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+
+/// Workspaces a thread keeps between leases (more are dropped).
+const POOL: usize = 2;
+
+/// Per-thread scratch: one tile of each kind.
+pub struct Workspace {
+    /// The head dims `(dk, dv)` it was made for.
+    dims: (usize, usize),
+    /// `Q^T`, `d_qk x ROWS`.
+    pub qt: Vec<f32>,
+    /// Score / probability tile `S^T`, `KEYS x ROWS`.
+    pub st: Vec<f32>,
+    /// Running output `O^T`, `d_v x ROWS`.
+    pub ot: Vec<f32>,
+    /// Widened keys when K is not f32 with unit stride.
+    pub kbuf: Vec<f32>,
+    /// Packed value tile (rows `packed_stride(dv)` apart).
+    pub vbuf: Vec<f32>,
+    /// A head's packed value rows, kept across its blocks.
+    pub packed_v: PackedV,
+    /// The finished block in row-major order, `ROWS x dv`.
+    pub orow: Vec<f32>,
+    /// Sixteen widened query rows.
+    pub qrow: Vec<f32>,
+    /// Decode path: score / probability rows, `DECODE_ROWS x KEYS`.
+    pub sd: Vec<f32>,
+    /// Rows to prefetch while the block computes (set by the scheduler).
+    pub ahead: Ahead,
+    /// (batch, K/V head) of the last block run on this workspace.
+    pub head: Option<(usize, usize)>,
+}
+
+impl Workspace {
+    /// Scratch for head dims `dk`, `dv`.
+    pub fn new(dk: usize, dv: usize) -> Self {
+        Workspace {
+            dims: (dk, dv),
+            qt: vec![0.0; dk * ROWS],
+            st: vec![0.0; KEYS * ROWS],
+            ot: vec![0.0; dv * ROWS],
+            kbuf: vec![0.0; KEYS * dk],
+            vbuf: vec![0.0; KEYS * packed_stride(dv)],
+            packed_v: PackedV::default(),
+            orow: vec![0.0; ROWS * dv],
+            qrow: vec![0.0; LANES * dk],
+            sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
+            ahead: Ahead::default(),
+            head: None,
+        }
+    }
+
+    /// Forgets everything kept from earlier blocks (the packed value rows
+    /// and the last head), so nothing outlives the call that computed it.
+    fn reset(&mut self) {
+        self.packed_v.forget();
+        self.head = None;
+        self.ahead.clear();
+    }
+}
+
+thread_local! {
+    static FREE: RefCell<Vec<Workspace>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A workspace borrowed from the calling thread's pool; returned on drop.
+pub struct Lease(Option<Workspace>);
+
+impl Lease {
+    /// A reset workspace for head dims `dk`, `dv`.
+    pub fn new(dk: usize, dv: usize) -> Self {
+        let found = FREE.with(|f| {
+            let mut f = f.borrow_mut();
+            let at = f.iter().position(|w| w.dims == (dk, dv))?;
+            Some(f.swap_remove(at))
+        });
+        let mut ws = found.unwrap_or_else(|| Workspace::new(dk, dv));
+        ws.reset();
+        Lease(Some(ws))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(ws) = self.0.take() {
+            FREE.with(|f| {
+                let mut f = f.borrow_mut();
+                if f.len() < POOL {
+                    f.push(ws);
+                }
+            });
+        }
+    }
+}
+
+impl Deref for Lease {
+    type Target = Workspace;
+    fn deref(&self) -> &Workspace {
+        self.0
+            .as_ref()
+            .expect("a lease holds its workspace until dropped")
+    }
+}
+
+impl DerefMut for Lease {
+    fn deref_mut(&mut self) -> &mut Workspace {
+        self.0
+            .as_mut()
+            .expect("a lease holds its workspace until dropped")
+    }
+}
