@@ -12,10 +12,10 @@ use attn_spec::View;
 
 /// Packs the block's query rows into `qt` (`d x w`, row `r` of the block
 /// in lane `r`), multiplied by `scale`; lanes past the block are zero.
-/// `row` is scratch of at least `d` floats.
-/// `rows` is scratch of at least `16 * d` floats. Sixteen rows at a time
-/// are widened into it and turned into panel columns with 16 x 16
-/// register transposes.
+/// Sixteen rows at a time become panel columns through 16 x 16 register
+/// transposes, read straight from the caller's rows when they are f32 with
+/// unit stride, else first widened into `rows` (scratch of at least `16 *
+/// d` floats).
 pub fn pack_q<T: CpuElement>(
     q: &[T],
     view: &View,
@@ -28,21 +28,34 @@ pub fn pack_q<T: CpuElement>(
     let n = item.rows();
     assert!(qt.len() >= d * w && rows.len() >= LANES * d && w.is_multiple_of(LANES));
     let sv = V::splat(scale);
+    let in_place = T::as_f32(q).filter(|_| view.strides[3] == 1 || d == 1);
     for r0 in (0..w).step_by(LANES) {
-        for i in 0..LANES {
-            let dst = &mut rows[i * d..(i + 1) * d];
-            if r0 + i < n {
-                let (p, h) = item.row(r0 + i);
-                gather_row(q, view, [item.b, p, h, 0], d, dst);
-            } else {
-                dst.fill(0.0);
+        let live = n.saturating_sub(r0).min(LANES);
+        let at = |i: usize| {
+            let (p, h) = item.row(r0 + i);
+            [item.b, p, h, 0]
+        };
+        if in_place.is_none() {
+            for i in 0..live {
+                gather_row(q, view, at(i), d, &mut rows[i * d..(i + 1) * d]);
             }
         }
+        // Row i's d floats (null past the block: zeros).
+        let src: [*const f32; LANES] = std::array::from_fn(|i| match (i < live, in_place) {
+            (false, _) => std::ptr::null(),
+            (true, Some(f)) => f[view.index(at(i))..][..d].as_ptr(),
+            (true, None) => rows[i * d..(i + 1) * d].as_ptr(),
+        });
         let mut e0 = 0;
         while e0 + LANES <= d {
-            // SAFETY: row i's e0..e0+16 lies within rows[i*d..(i+1)*d].
-            let blk: [V; LANES] =
-                std::array::from_fn(|i| unsafe { load(rows.as_ptr().add(i * d + e0)) });
+            let blk: [V; LANES] = std::array::from_fn(|i| {
+                if src[i].is_null() {
+                    V::ZERO
+                } else {
+                    // SAFETY: src[i] holds d floats and e0 + 16 <= d.
+                    unsafe { load(src[i].add(e0)) }
+                }
+            });
             for (i, t) in crate::simd::transpose16(blk).into_iter().enumerate() {
                 // SAFETY: (e0 + i) * w + r0 + 16 <= d * w (asserted).
                 unsafe { store(qt.as_mut_ptr().add((e0 + i) * w + r0), t * sv) };
@@ -50,8 +63,14 @@ pub fn pack_q<T: CpuElement>(
             e0 += LANES;
         }
         for e in e0..d {
-            for i in 0..LANES {
-                qt[e * w + r0 + i] = rows[i * d + e] * scale;
+            for (i, &p) in src.iter().enumerate() {
+                let x = if p.is_null() {
+                    0.0
+                } else {
+                    // SAFETY: a non-null src[i] holds d floats and e < d.
+                    unsafe { *p.add(e) }
+                };
+                qt[e * w + r0 + i] = x * scale;
             }
         }
     }
