@@ -36,8 +36,10 @@
 //!   the K and V rows of its whole key span fit in half of a 1 MiB L2 and
 //!   the previous block on its thread was of the same head: blocks of one
 //!   head run one after another, so such a span is still in L2 from the
-//!   previous block, and the prefetches only occupy the miss buffers. Measured (1 thread, alternating runs in one process):
-//!   without the prefetch S = 512, d = 128 (512 KiB of K and V) ran about
+//!   previous block, and the prefetches only occupy the miss buffers.
+//!   (Under a sliding window a block's newly visible keys are not in L2
+//!   yet; the kernel then waits on them.) Measured (1 thread, alternating
+//!   runs in one process): without the prefetch S = 512, d = 128 (512 KiB of K and V) ran about
 //!   3% faster; with it S = 8192 causal ran 15% faster.
 //! - [`PACKED_V_BYTES`] = 512 KiB: value rows are packed (`pack.rs`) before
 //!   the `P V` kernel reads them; a thread keeps a head's packed rows across

@@ -2,13 +2,14 @@
 //! key tiles it can see, compute `S^T = K Q^T`, apply the per-element
 //! transforms and masks where they are needed, fold the tile into the online
 //! softmax and accumulate `O^T += V^T P^T`. No `S x S` matrix exists: the
-//! workspace is one tile of each kind, independent of sequence length.
+//! workspace is one tile of each kind plus at most `PACKED_V_BYTES` of
+//! packed value rows, whatever the sequence length.
 //!
 //! Why query rows along the lanes (the transposed formulation): keys and
 //! values are then read as broadcast scalars from their rows (no
 //! transposition; f32 keys straight from the caller's tensor, values copied
-//! to a stride that avoids L1 set aliasing, once per head when they fit
-//! `PACKED_V_BYTES`), the query panel `Q^T` is built once per block and
+//! to a stride that avoids L1 set aliasing, once per head and rayon job
+//! when they fit `PACKED_V_BYTES`), the query panel `Q^T` is built once per block and
 //! reused for every key tile, and the softmax's row maximum and sum are
 //! plain lane-wise vector operations with no horizontal reduction.
 //!
@@ -109,7 +110,9 @@ pub fn run_item<T: CpuElement, const NV: usize>(
     let span_bytes = hi.saturating_sub(lo) * (dk + p.shape.head_dim_v) * size_of::<T>();
     let head = (item.b, item.kvh);
     let prefetch = span_bytes > PREFETCH_SPAN_BYTES || ws.head != Some(head);
-    ws.head = Some(head);
+    if lo < hi {
+        ws.head = Some(head);
+    }
     let mut j0 = lo;
     while j0 < hi {
         let n = KEYS.min(hi - j0);
@@ -170,6 +173,7 @@ fn step<T: CpuElement, const NV: usize>(
     let vs = packed_stride(dv);
     let keep = PackedV::fits(j0 + n, vs);
     let ready = keep && packed_v.holds(g, &(j0..j0 + n));
+    let next_ready = packed_v.holds(g, &(j0 + n..j0 + n + next_n));
     let vdst: &mut [f32] = if keep {
         packed_v.claim(g, (j0, n), vs)
     } else {
@@ -182,8 +186,14 @@ fn step<T: CpuElement, const NV: usize>(
     } else {
         Parts::whole(n, NV)
     };
+    if cfg!(debug_assertions) {
+        // Scores a part leaves out must never reach the softmax: in test
+        // builds they start as NaN, which would show in every output.
+        st[..n * w].fill(f32::NAN);
+    }
     let mut packed = if ready { n } else { 0 };
     for (keys, vecs) in parts.iter() {
+        assert!(keys.end <= n && vecs.end <= NV);
         let nv = vecs.len();
         let mut j = keys.start;
         while j < keys.end {
@@ -193,8 +203,10 @@ fn step<T: CpuElement, const NV: usize>(
             let left = keys.end - j;
             let m = left.div_ceil(left.div_ceil(mr(nv.max(1))));
             if j < next_n {
-                for (src, view, d) in [(ctx.k, &p.k, dk), (ctx.v, &p.v, dv)] {
-                    prefetch_rows(src, view, g, (j0 + n + j, m.min(next_n - j)), d, Hint::L2);
+                let ahead = (j0 + n + j, m.min(next_n - j));
+                prefetch_rows(ctx.k, &p.k, g, ahead, dk, Hint::L2);
+                if !next_ready {
+                    prefetch_rows(ctx.v, &p.v, g, ahead, dv, Hint::L2);
                 }
             }
             if !ready {
@@ -211,7 +223,8 @@ fn step<T: CpuElement, const NV: usize>(
             let sp = st[j * w + at..].as_mut_ptr();
             if nv == NV {
                 // SAFETY: `k` holds n rows of dk floats, ks apart; qt is dk x
-                // w; st has n x w floats and j + m <= n (asserted above).
+                // w; st has n x w floats (asserted above) and j + m <=
+                // keys.end <= n (asserted per part).
                 unsafe { dispatch_m!(NV, m, scores(kp, ks, qp, w, dk, sp)) };
             } else if nv > 0 {
                 // SAFETY: as above, on vectors vecs of the panel and tile.
@@ -257,6 +270,7 @@ fn step<T: CpuElement, const NV: usize>(
         }
     }
     for (keys, vecs) in parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
+        assert!(keys.end <= n && vecs.end <= NV);
         let nv = vecs.len();
         let at = vecs.start * LANES;
         let pp = st[keys.start * w + at..].as_ptr();
@@ -270,7 +284,8 @@ fn step<T: CpuElement, const NV: usize>(
             );
             // SAFETY: v holds n rows of dv floats, vs apart, the part's keys
             // lie in 0..n and c + m <= dv; st holds n x w probabilities and
-            // ot is dv x w (asserted above), used on vectors `vecs` < NV.
+            // ot is dv x w (asserted above), used on vectors `vecs`, whose
+            // end is <= NV (asserted per part).
             unsafe { pv_part(nv, m, vp, vs, pp, w, keys.len(), op) };
             c += m;
         }

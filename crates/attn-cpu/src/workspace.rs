@@ -1,5 +1,6 @@
-//! Per-thread scratch: one tile of each kind, leased from a per-thread
-//! pool so that calls do not allocate (and fault in) fresh pages.
+//! Per-thread scratch: one tile of each kind and a head's packed value
+//! rows, leased from a per-thread pool so that calls do not allocate (and
+//! fault in) fresh pages.
 //!
 //! rayon runs a parallel loop as jobs and calls a loop's `init` once per
 //! job, so a fresh workspace per job cost every call a few hundred
@@ -7,7 +8,10 @@
 //! workspace of the right head dims from the thread's pool (or makes one),
 //! forgets what it cached for the previous call (`Workspace::reset`), and
 //! gives it back on drop. The pool keeps at most [`POOL`] workspaces per
-//! thread.
+//! thread (the most recent), for the life of the thread: at head dim 128
+//! each holds about 300 KiB of tiles plus up to `PACKED_V_BYTES` (512 KiB)
+//! of packed value rows, so a thread that ran attention keeps at most
+//! about 1.6 MiB.
 
 use crate::blocking::{DECODE_KEYS, KEYS, LANES, ROWS};
 use crate::decode::DECODE_ROWS;
@@ -18,7 +22,8 @@ use std::ops::{Deref, DerefMut};
 /// Workspaces a thread keeps between leases (more are dropped).
 const POOL: usize = 2;
 
-/// Per-thread scratch: one tile of each kind.
+/// Per-thread scratch: one tile of each kind, and a head's packed value
+/// rows (at most `PACKED_V_BYTES`).
 pub struct Workspace {
     /// The head dims `(dk, dv)` it was made for.
     dims: (usize, usize),
@@ -98,11 +103,14 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(ws) = self.0.take() {
-            FREE.with(|f| {
+            // The newest workspace replaces the oldest; during the thread's
+            // teardown the pool is gone and the workspace is dropped.
+            let _ = FREE.try_with(|f| {
                 let mut f = f.borrow_mut();
-                if f.len() < POOL {
-                    f.push(ws);
+                if f.len() >= POOL {
+                    f.remove(0);
                 }
+                f.push(ws);
             });
         }
     }

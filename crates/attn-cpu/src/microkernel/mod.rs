@@ -59,7 +59,7 @@ pub unsafe fn scores_part(
     d: usize,
     s: *mut f32,
 ) {
-    debug_assert!((1..=ROW_VECS).contains(&nv) && (1..=mr(nv)).contains(&m));
+    assert!((1..=ROW_VECS).contains(&nv) && (1..=mr(nv)).contains(&m));
     // SAFETY: forwarded from the caller.
     unsafe {
         match nv {
@@ -89,7 +89,7 @@ pub unsafe fn pv_part(
     n: usize,
     ot: *mut f32,
 ) {
-    debug_assert!((1..=ROW_VECS).contains(&nv) && (1..=mr(nv)).contains(&m));
+    assert!((1..=ROW_VECS).contains(&nv) && (1..=mr(nv)).contains(&m));
     let one = crate::simd::V::ONE;
     // SAFETY: forwarded from the caller.
     unsafe {
