@@ -34,6 +34,21 @@ impl Machine {
         }
     }
 
+    /// A warning when the all-core FMA peak came out below 75% of `cores`
+    /// times one core's: something else ran on the machine while it was
+    /// measured, and the all-core figures of the run (and their percent of
+    /// peak) cannot be trusted.
+    pub fn contention(&self) -> Option<String> {
+        let ratio = self.peak_all / self.peak_1;
+        (self.cores > 1 && ratio < 0.75 * self.cores as f64).then(|| {
+            format!(
+                "the all-core FMA peak measured only {ratio:.2}x one core's on {} cores: \
+                 other load shared the machine, so this run's all-core figures are unreliable",
+                self.cores
+            )
+        })
+    }
+
     /// Bandwidth for `threads` threads.
     pub fn bandwidth(&self, threads: usize) -> f64 {
         if threads > 1 {
@@ -123,5 +138,33 @@ pub fn run_peak() -> Result<(), String> {
         "bandwidth:  {:.1} GB/s one thread, {:.1} GB/s all cores (triad)",
         m.bw_1, m.bw_all
     );
+    if let Some(w) = m.contention() {
+        println!("warning:    {w}");
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(cores: usize, peak_1: f64, peak_all: f64) -> Machine {
+        Machine {
+            cores,
+            peak_1,
+            peak_all,
+            bw_1: 1.0,
+            bw_all: 1.0,
+            facts: Value::Null,
+        }
+    }
+
+    #[test]
+    fn a_contended_all_core_peak_is_flagged() {
+        assert!(machine(2, 115.0, 118.8).contention().is_some());
+        assert!(machine(2, 102.0, 204.0).contention().is_none());
+        assert!(machine(8, 100.0, 650.0).contention().is_none());
+        assert!(machine(8, 100.0, 500.0).contention().is_some());
+        assert!(machine(1, 100.0, 100.0).contention().is_none());
+    }
 }

@@ -74,6 +74,7 @@ pub fn write(
 ) -> Result<String, String> {
     let doc = json!({
         "machine": m.facts,
+        "contention_warning": m.contention(),
         "notes": notes,
         "memory_case": memory,
         "records": records.iter().map(|r| r.json(m)).collect::<Vec<_>>(),
@@ -129,6 +130,9 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
         s,
         "\nThroughput counts only visible (query, key) pairs, 4 x head_dim flops each; percent of peak is against the FMA peak measured above for the same thread count; decode cases also show GB/s of K and V against the measured bandwidth. `checked` = the output matched the f64 reference under the conformance bound just before timing.\n"
     );
+    if let Some(w) = m.contention() {
+        let _ = writeln!(s, "- **Warning:** {w}.");
+    }
     for n in notes {
         let _ = writeln!(s, "- {n}");
     }
