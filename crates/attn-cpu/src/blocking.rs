@@ -85,6 +85,14 @@ pub const PREFETCH_SPAN_BYTES: usize = 512 << 10;
 /// Most bytes of packed value rows a thread keeps across blocks.
 pub const PACKED_V_BYTES: usize = 512 << 10;
 
+/// Keys (or value columns) for the next microkernel call when `left` remain
+/// and a call takes at most `most`: the remainder spread as evenly as
+/// `most` allows, so a loop never ends on a call of one or two keys, which
+/// keeps too few accumulators to hide the FMA latency.
+pub const fn share(left: usize, most: usize) -> usize {
+    left.div_ceil(left.div_ceil(most))
+}
+
 /// Keys per chunk when the keys of one block of rows are split across
 /// threads (decoding).
 pub const SPLIT_KEYS: usize = 1024;

@@ -9,9 +9,9 @@
 //! values are then read as broadcast scalars from their rows (no
 //! transposition; f32 keys straight from the caller's tensor, values copied
 //! to a stride that avoids L1 set aliasing, once per head and rayon job
-//! when they fit `PACKED_V_BYTES`), the query panel `Q^T` is built once per block and
-//! reused for every key tile, and the softmax's row maximum and sum are
-//! plain lane-wise vector operations with no horizontal reduction.
+//! when they fit `PACKED_V_BYTES`), the query panel `Q^T` is built once per
+//! block and reused for every key tile, and the softmax's row maximum and
+//! sum are plain lane-wise vector operations with no horizontal reduction.
 //!
 //! Masking follows the tile classifier of `attn_spec::SeqMask`: `Skip`
 //! tiles are never visited (the loop runs over the block's visible key span
@@ -20,7 +20,7 @@
 //! mask), go through [`transform`]. On those tiles the kernels run only on
 //! the vectors of rows that see each part of the tile (`parts.rs`).
 
-use crate::blocking::{mr, KEYS, LANES, PREFETCH_SPAN_BYTES};
+use crate::blocking::{mr, share, KEYS, LANES, PREFETCH_SPAN_BYTES};
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, pv_part, scores, scores_part};
 use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows, Hint, PackedV};
@@ -197,16 +197,12 @@ fn step<T: CpuElement, const NV: usize>(
         let nv = vecs.len();
         let mut j = keys.start;
         while j < keys.end {
-            // Keys left over as evenly as mr allows (a last call of one
-            // or two keys keeps too few accumulators to hide the FMA
-            // latency).
-            let left = keys.end - j;
-            let m = left.div_ceil(left.div_ceil(mr(nv.max(1))));
+            let m = share(keys.end - j, mr(nv.max(1)));
             if j < next_n {
-                let ahead = (j0 + n + j, m.min(next_n - j));
-                prefetch_rows(ctx.k, &p.k, g, ahead, dk, Hint::L2);
+                let next = (j0 + n + j, m.min(next_n - j));
+                prefetch_rows(ctx.k, &p.k, g, next, dk, Hint::L2);
                 if !next_ready {
-                    prefetch_rows(ctx.v, &p.v, g, ahead, dv, Hint::L2);
+                    prefetch_rows(ctx.v, &p.v, g, next, dv, Hint::L2);
                 }
             }
             if !ready {
@@ -276,8 +272,7 @@ fn step<T: CpuElement, const NV: usize>(
         let pp = st[keys.start * w + at..].as_ptr();
         let mut c = 0;
         while c < dv {
-            let left = dv - c;
-            let m = left.div_ceil(left.div_ceil(mr(nv)));
+            let m = share(dv - c, mr(nv));
             let (vp, op) = (
                 v[keys.start * vs + c..].as_ptr(),
                 ot[c * w + at..].as_mut_ptr(),
