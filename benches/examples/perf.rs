@@ -27,7 +27,12 @@ fn main() {
     }
     let cpu = attn_cpu::Cpu::with_threads(threads).unwrap();
     let kv: Option<usize> = std::env::var("KV").ok().and_then(|k| k.parse().ok());
-    for case in SUITE.iter().filter(|c| c.name.contains(&filter)) {
+    // A filter ending in '$' names one case exactly.
+    let matches = |name: &str| match filter.strip_suffix('$') {
+        Some(exact) => name == exact,
+        None => name.contains(&filter),
+    };
+    for case in SUITE.iter().filter(|c| matches(c.name)) {
         // KV=n: the same case with n keys (e.g. a decode case that fits
         // in cache, to see the kernel's compute cost alone).
         let mut case = case.clone();

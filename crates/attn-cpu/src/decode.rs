@@ -40,6 +40,9 @@ pub struct DecodeState {
     qd: Vec<f32>,
     /// Stride of `qd`.
     qs: usize,
+    /// The rows of `qd` laid out for `mk::scores_quad` when the block
+    /// takes it (`mk::quad_ok`), else empty.
+    q4: Vec<f32>,
     /// Running maximum per row (base 2).
     m: [f32; DECODE_ROWS],
     /// Running sum per row.
@@ -67,9 +70,15 @@ impl DecodeState {
             gather_row(ctx.q, &p.q, [item.b, pos, h, 0], dk, dst);
             dst.iter_mut().for_each(|x| *x *= scale);
         }
+        let q4 = if mk::quad_ok(item.rows(), dk) {
+            mk::quad_queries(&qd, qs, item.rows(), dk)
+        } else {
+            Vec::new()
+        };
         DecodeState {
             qd,
             qs,
+            q4,
             m: [f32::NEG_INFINITY; DECODE_ROWS],
             l: [0.0; DECODE_ROWS],
             o: vec![0.0; DECODE_ROWS * dv],
@@ -275,7 +284,11 @@ fn step_rows<T: CpuElement, E: CpuElement, const R: usize>(
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
     debug_assert_eq!(item.rows(), R);
     let per_element = ctx.per_element();
-    mk::scores::<E, R>(&st.qd, st.qs, (k, ks), n, dk, (sd, KEYS), ahead.0);
+    if st.q4.is_empty() {
+        mk::scores::<E, R>(&st.qd, st.qs, (k, ks), n, dk, (sd, KEYS), ahead.0);
+    } else {
+        mk::scores_quad::<E, R>(&st.q4, (k, ks), n, dk, (sd, KEYS), ahead.0);
+    }
     let mut alpha = [1.0f32; R];
     for (r, a) in alpha.iter_mut().enumerate() {
         let srow = &mut sd[r * KEYS..(r + 1) * KEYS];

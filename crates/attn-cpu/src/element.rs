@@ -17,6 +17,20 @@ pub trait CpuElement: Element {
     /// # Safety
     /// `p..p+16` must be readable elements.
     unsafe fn load16(p: *const Self) -> V;
+    /// Loads 4 elements from `p` (unaligned), widened to f32 and repeated
+    /// in each quarter of the vector: `[x0, x1, x2, x3, x0, .., x3]` (how
+    /// the decode path's score kernel for 3-4 rows reads a key, see
+    /// `microkernel::decode::scores_quad`). The default reads them one by
+    /// one; the types override it with one broadcast load under AVX-512.
+    ///
+    /// # Safety
+    /// `p..p+4` must be readable elements.
+    #[inline(always)]
+    unsafe fn load4x4(p: *const Self) -> V {
+        // SAFETY: the caller guarantees 4 readable elements at `p`.
+        let x: [f32; 4] = std::array::from_fn(|i| unsafe { *p.add(i) }.to_f32());
+        V::from(std::array::from_fn::<f32, 16, _>(|l| x[l % 4]))
+    }
     /// Stores `src * f` into `dst` (same length), rounding once.
     fn store_scaled(src: &[f32], f: f32, dst: &mut [Self]);
     /// The typed slice inside host data of this type.
@@ -36,6 +50,14 @@ impl CpuElement for f32 {
     unsafe fn load16(p: *const f32) -> V {
         // SAFETY: the caller guarantees 16 readable f32 at `p`.
         unsafe { crate::simd::load(p) }
+    }
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+    #[inline(always)]
+    unsafe fn load4x4(p: *const f32) -> V {
+        use std::arch::x86_64::*;
+        // SAFETY: compiled only when the whole build enables avx512f; the
+        // caller guarantees 4 readable f32 (16 bytes) at `p`.
+        unsafe { V::from(_mm512_broadcast_f32x4(_mm_loadu_ps(p))) }
     }
     fn store_scaled(src: &[f32], f: f32, dst: &mut [f32]) {
         for (d, &s) in dst.iter_mut().zip(src) {
@@ -82,6 +104,18 @@ impl CpuElement for f16 {
         #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512f")))]
         {
             V::from(h.map(|x| f16::from_bits(x).to_f32()))
+        }
+    }
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+    #[inline(always)]
+    unsafe fn load4x4(p: *const f16) -> V {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees 4 readable elements (8 bytes) at
+        // `p`; compiled only when the whole build enables avx512f. The 8
+        // bytes are repeated into 32 and converted as 16 halves.
+        unsafe {
+            let x = (p as *const i64).read_unaligned();
+            V::from(_mm512_cvtph_ps(_mm256_set1_epi64x(x)))
         }
     }
     fn store_scaled(src: &[f32], f: f32, dst: &mut [f16]) {
@@ -137,6 +171,23 @@ impl CpuElement for bf16 {
             V::from(h.map(|x| f32::from_bits(u32::from(x) << 16)))
         }
     }
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+    #[inline(always)]
+    unsafe fn load4x4(p: *const bf16) -> V {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees 4 readable elements (8 bytes) at
+        // `p`; compiled only when the whole build enables avx512bw. The 8
+        // bytes are repeated into every quarter, then interleaved below
+        // zero words: each bf16 lands in the top half of a 32-bit lane,
+        // which is its f32 (one broadcast load and one shuffle).
+        unsafe {
+            let x = _mm512_set1_epi64((p as *const i64).read_unaligned());
+            V::from(_mm512_castsi512_ps(_mm512_unpacklo_epi16(
+                _mm512_setzero_si512(),
+                x,
+            )))
+        }
+    }
     fn store_scaled(src: &[f32], f: f32, dst: &mut [bf16]) {
         for (d, &s) in dst.iter_mut().zip(src) {
             *d = bf16::from_f32(s * f);
@@ -178,5 +229,23 @@ mod tests {
         load16_matches_to_f32::<f32>(|x| x);
         load16_matches_to_f32::<f16>(f16::from_f32);
         load16_matches_to_f32::<bf16>(bf16::from_f32);
+    }
+
+    fn load4x4_matches_to_f32<E: CpuElement>(from: fn(f32) -> E) {
+        let xs: Vec<E> = (0..7).map(|i| from(i as f32 * 0.61 - 1.7)).collect();
+        for start in 0..3 {
+            // SAFETY: start + 4 <= 7 elements.
+            let v = unsafe { E::load4x4(xs[start..].as_ptr()) }.to_array();
+            for (l, &got) in v.iter().enumerate() {
+                assert_eq!(got, xs[start + l % 4].to_f32(), "lane {l} from {start}");
+            }
+        }
+    }
+
+    #[test]
+    fn load4x4_repeats_four_widened_elements() {
+        load4x4_matches_to_f32::<f32>(|x| x);
+        load4x4_matches_to_f32::<f16>(f16::from_f32);
+        load4x4_matches_to_f32::<bf16>(bf16::from_f32);
     }
 }

@@ -7,14 +7,20 @@
 //! many shuffles as the scores have FMAs at `R = 4`). Here a key row is
 //! loaded as it lies in memory and multiplied into `R` accumulators of
 //! partial sums; sixteen keys' accumulators then collapse into sixteen
-//! scores with one transpose-and-add tree (`simd::reduce16`). The output
+//! scores with one transpose-and-add tree (`simd::reduce16`). Blocks of 3
+//! or 4 rows (a GQA group of 4, the common case) use `scores_quad`
+//! instead: the rows share each vector, a quarter each, so a key needs one
+//! accumulator instead of four and the reduction shrinks fourfold
+//! (measured on this project's machine, GQA 32:8, d = 128, alternating
+//! runs in one process, 1 thread: 1024 keys, in cache, +9% for f32 and +8%
+//! for bf16; 32768 keys, from DRAM, +9% and +3%). The output
 //! update `O = alpha O + P V` reads the value rows as they lie, too, with
 //! each probability broadcast. No work is done for rows that do not exist.
 
 use crate::blocking::LANES;
 use crate::element::CpuElement;
 use crate::pack::RowStream;
-use crate::simd::{load, reduce16, store, V};
+use crate::simd::{load, reduce16, reduce_quads, store, V};
 use std::mem::MaybeUninit;
 
 /// Keys whose dot products run together: `R x G` accumulators (16 at
@@ -138,6 +144,99 @@ fn tile<E: CpuElement, const R: usize, const G: usize>(
         jb += LANES;
     }
 }
+
+/// Whether [`scores_quad`] takes a block of `r` rows at head dimension
+/// `d`: 3 or 4 rows (fewer would leave half of every vector idle) and `d` a
+/// multiple of 4.
+pub fn quad_ok(r: usize, d: usize) -> bool {
+    (3..=4).contains(&r) && d > 0 && d.is_multiple_of(4)
+}
+
+/// The query rows `q` (`rows` rows of `d` floats, `qs` apart) laid out for
+/// [`scores_quad`]: vector `e / 4` holds dims `e..e+4` of every row, row `r`
+/// in lanes `4r..4r+4`, zeros for rows past `rows`.
+pub fn quad_queries(q: &[f32], qs: usize, rows: usize, d: usize) -> Vec<f32> {
+    assert!(quad_ok(rows, d) && q.len() >= (rows - 1) * qs + d);
+    let mut q4 = vec![0.0; d * 4];
+    for e in (0..d).step_by(4) {
+        for r in 0..rows {
+            q4[e * 4 + r * 4..e * 4 + r * 4 + 4].copy_from_slice(&q[r * qs + e..r * qs + e + 4]);
+        }
+    }
+    q4
+}
+
+/// [`scores`] for blocks of `R` = 3 or 4 rows, with the rows in the four
+/// quarters of the vector and 4 dims per lane group: for each 4 dims, one
+/// FMA per key multiplies the queries' vector (`q4`, from
+/// [`quad_queries`]) by the key's 4 elements repeated 4 times
+/// (`CpuElement::load4x4`). Sixteen keys keep 16 accumulators, and [`reduce_quads`] turns them into the 4 rows'
+/// scores with 36 operations where [`scores`] spends 4 x 45 on `reduce16`:
+/// the same FMAs, a quarter of the reduction. Same contract as [`scores`]
+/// (`ss` a multiple of 16, scores past `n` unspecified), with `d` a
+/// multiple of 4.
+pub fn scores_quad<E: CpuElement, const R: usize>(
+    q4: &[f32],
+    (k, ks): (&[E], usize),
+    n: usize,
+    d: usize,
+    (s, ss): (&mut [f32], usize),
+    ahead: RowStream,
+) {
+    let n16 = n.div_ceil(LANES) * LANES;
+    assert!(
+        quad_ok(R, d)
+            && q4.len() >= 4 * d
+            && ss >= n16
+            && ss % LANES == 0
+            && s.len() >= (R - 1) * ss + n16
+            && (n == 0 || k.len() >= (n - 1) * ks + d)
+    );
+    let mut jb = 0;
+    while jb < n {
+        let mut acc = [V::ZERO; LANES];
+        // Two groups of 8 keys: 8 row pointers stay in general registers
+        // (16 spilled to the stack measured twice as slow), and 8 chains
+        // cover the FMA latency.
+        for (g, acc) in acc.chunks_exact_mut(QUAD_GROUP).enumerate() {
+            let g0 = jb + g * QUAD_GROUP;
+            // Keys past `n` repeat the last key: always readable, and
+            // their scores are discarded by the caller.
+            let rows: [*const E; QUAD_GROUP] =
+                std::array::from_fn(|i| k[(g0 + i).min(n - 1) * ks..].as_ptr());
+            let live = QUAD_GROUP.min(n.saturating_sub(g0));
+            let mut e = 0;
+            while e < d {
+                // One row of the next tile per step, spread over the
+                // keys' FMAs rather than all at the group's start.
+                if e / 4 < live {
+                    ahead.row(g0 + e / 4);
+                }
+                // SAFETY: e + 4 <= d: 16 floats of q4 at 4e (asserted
+                // q4.len() >= 4d).
+                let qv = unsafe { load(q4.as_ptr().add(4 * e)) };
+                for (a, &row) in acc.iter_mut().zip(&rows) {
+                    // SAFETY: every key row has d >= e + 4 elements
+                    // (asserted).
+                    *a = qv.mul_add(unsafe { E::load4x4(row.add(e)) }, *a);
+                }
+                e += 4;
+            }
+            for i in d / 4..live {
+                ahead.row(g0 + i);
+            }
+        }
+        let acc: &[V; LANES] = (&acc[..]).try_into().expect("16 accumulators");
+        for (r, x) in reduce_quads(acc).iter().enumerate().take(R) {
+            // SAFETY: r * ss + jb + 16 <= (R - 1) * ss + n16 <= s.len().
+            unsafe { store(s.as_mut_ptr().add(r * ss + jb), *x) };
+        }
+        jb += LANES;
+    }
+}
+
+/// Keys per group of [`scores_quad`].
+const QUAD_GROUP: usize = 8;
 
 /// `o[r * dv + c] = alpha[r] * o[r * dv + c] + sum_{j < n} p[r * ps + j] *
 /// v[j * vs + c]` for `r < R`, `c < dv`. Row `j` of `ahead` is

@@ -248,9 +248,19 @@ mod tests {
         }
     }
 
-    fn decode_scores_r<E: crate::element::CpuElement, const R: usize>(from: fn(f32) -> E) {
+    /// Checks the decode score kernel (`quad`: `scores_quad`, on the
+    /// dims it takes) against f64 dot products.
+    fn decode_scores_r<E: crate::element::CpuElement, const R: usize>(
+        from: fn(f32) -> E,
+        quad: bool,
+    ) {
         let ss = 64;
-        for d in [1usize, 3, 16, 67, 128] {
+        let dims: &[usize] = if quad {
+            &[4, 16, 68, 128]
+        } else {
+            &[1, 3, 16, 67, 128]
+        };
+        for &d in dims {
             let qs = d.div_ceil(LANES) * LANES;
             let ks = d + 3;
             let mut q = fill(R * qs, 6);
@@ -260,15 +270,14 @@ mod tests {
             for n in [1usize, 7, 16, 33, 64] {
                 let k: Vec<E> = fill((n - 1) * ks + d, 7).into_iter().map(from).collect();
                 let mut s = vec![f32::NAN; R * ss];
-                decode::scores::<E, R>(
-                    &q,
-                    qs,
-                    (&k, ks),
-                    n,
-                    d,
-                    (&mut s, ss),
-                    crate::pack::RowStream::NONE,
-                );
+                let out = (&mut s[..], ss);
+                let none = crate::pack::RowStream::NONE;
+                if quad {
+                    let q4 = decode::quad_queries(&q, qs, R, d);
+                    decode::scores_quad::<E, R>(&q4, (&k, ks), n, d, out, none);
+                } else {
+                    decode::scores::<E, R>(&q, qs, (&k, ks), n, d, out, none);
+                }
                 for r in 0..R {
                     for j in 0..n {
                         let want: f64 = (0..d)
@@ -277,7 +286,7 @@ mod tests {
                         let got = f64::from(s[r * ss + j]);
                         assert!(
                             (got - want).abs() <= 1e-5 * d as f64,
-                            "R={R} d={d} n={n} r={r} j={j}: {got} vs {want}"
+                            "R={R} d={d} n={n} r={r} j={j} quad={quad}: {got} vs {want}"
                         );
                     }
                 }
@@ -287,12 +296,21 @@ mod tests {
 
     #[test]
     fn decode_scores_match_scalar_dot_products() {
-        decode_scores_r::<f32, 1>(|x| x);
-        decode_scores_r::<f32, 2>(|x| x);
-        decode_scores_r::<f32, 3>(|x| x);
-        decode_scores_r::<f32, 4>(|x| x);
-        decode_scores_r::<attn_spec::bf16, 4>(attn_spec::bf16::from_f32);
-        decode_scores_r::<attn_spec::f16, 3>(attn_spec::f16::from_f32);
+        decode_scores_r::<f32, 1>(|x| x, false);
+        decode_scores_r::<f32, 2>(|x| x, false);
+        decode_scores_r::<f32, 3>(|x| x, false);
+        decode_scores_r::<f32, 4>(|x| x, false);
+        decode_scores_r::<attn_spec::bf16, 4>(attn_spec::bf16::from_f32, false);
+        decode_scores_r::<attn_spec::f16, 3>(attn_spec::f16::from_f32, false);
+    }
+
+    #[test]
+    fn decode_quad_scores_match_scalar_dot_products() {
+        decode_scores_r::<f32, 3>(|x| x, true);
+        decode_scores_r::<f32, 4>(|x| x, true);
+        decode_scores_r::<attn_spec::bf16, 4>(attn_spec::bf16::from_f32, true);
+        decode_scores_r::<attn_spec::f16, 3>(attn_spec::f16::from_f32, true);
+        decode_scores_r::<attn_spec::f16, 4>(attn_spec::f16::from_f32, true);
     }
 
     fn decode_accumulate_r<E: crate::element::CpuElement, const R: usize>(from: fn(f32) -> E) {
