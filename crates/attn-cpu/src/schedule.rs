@@ -97,6 +97,123 @@ impl<T: CpuElement> Sink<T> {
             unsafe { *self.lse.add(at) = lse };
         }
     }
+
+    /// Writes the rows of block `it` from its running output `O^T` (`dv x
+    /// w`, row `r` in lane `r`), each row multiplied by its factor, with
+    /// its log-sum-exp (`fin[r] = (factor, lse)`). One pass: 16 x 16
+    /// register transposes, each result row scaled and stored straight
+    /// into the output row (converted to `T`).
+    pub fn write_block(
+        &self,
+        ctx: &Ctx<'_, T>,
+        it: &Item,
+        (ot, w): (&[f32], usize),
+        fin: &[(f32, f32)],
+    ) {
+        let p = ctx.p;
+        let dv = p.shape.head_dim_v;
+        let rows = it.rows();
+        let step = if dv > 1 { p.out.strides[3] } else { 1 };
+        assert!(
+            fin.len() == rows
+                && rows <= w
+                && w.is_multiple_of(LANES)
+                && ot.len() >= dv * w
+                && dv > 0
+        );
+        for r0 in (0..rows).step_by(LANES) {
+            let live = (rows - r0).min(LANES);
+            let base: [usize; LANES] = std::array::from_fn(|i| {
+                if i < live {
+                    let (pos, h) = it.row(r0 + i);
+                    p.out.index([it.b, pos, h, 0])
+                } else {
+                    0
+                }
+            });
+            for &at in &base[..live] {
+                assert!(at + (dv - 1) * step < self.out_len);
+            }
+            let mut c0 = 0;
+            while c0 < dv {
+                let wc = LANES.min(dv - c0);
+                let mut blk = [V::ZERO; LANES];
+                for (c, b) in blk.iter_mut().enumerate().take(wc) {
+                    // SAFETY: c0 + c < dv and r0 + 16 <= w: inside ot
+                    // (asserted above).
+                    *b = unsafe { load(ot.as_ptr().add((c0 + c) * w + r0)) };
+                }
+                let t = crate::simd::transpose16(blk);
+                for (i, &at) in base[..live].iter().enumerate() {
+                    let vals = &t[i].as_array()[..wc];
+                    let f = fin[r0 + i].0;
+                    if step == 1 {
+                        // SAFETY: at + c0 + wc <= at + dv is inside the
+                        // output (asserted per row) and no other item
+                        // writes this row.
+                        let dst =
+                            unsafe { std::slice::from_raw_parts_mut(self.out.add(at + c0), wc) };
+                        T::store_scaled(vals, f, dst);
+                    } else {
+                        for (c, &x) in vals.iter().enumerate() {
+                            // SAFETY: at + (c0 + c) * step is inside the
+                            // output (asserted per row); no other item
+                            // writes this row.
+                            unsafe { *self.out.add(at + (c0 + c) * step) = T::from_f32(x * f) };
+                        }
+                    }
+                }
+                c0 += wc;
+            }
+            if !self.lse.is_null() {
+                for i in 0..live {
+                    let (pos, h) = it.row(r0 + i);
+                    let at = (it.b * p.shape.q_heads + h) * p.shape.q_len + pos;
+                    assert!(at < self.lse_len);
+                    // SAFETY: in bounds (asserted); no other item writes
+                    // the log-sum-exp of this row.
+                    unsafe { *self.lse.add(at) = fin[r0 + i].1 };
+                }
+            }
+        }
+    }
+}
+
+/// Runs one item and writes its rows to `sink`. Blocks of the main path
+/// go from the running output `O^T` to the output rows in one pass
+/// (`Sink::write_block`); decode-sized blocks write their row-major rows.
+fn run_and_write<T: CpuElement>(
+    ctx: &Ctx<'_, T>,
+    it: &Item,
+    ws: &mut Workspace,
+    sinks: Option<&[f32]>,
+    sink: &Sink<T>,
+) {
+    fn go<T: CpuElement, const NV: usize>(
+        ctx: &Ctx<'_, T>,
+        it: &Item,
+        ws: &mut Workspace,
+        sinks: Option<&[f32]>,
+        sink: &Sink<T>,
+    ) {
+        let sm = run_item::<T, NV>(ctx, it, ws);
+        let fin: Vec<(f32, f32)> = (0..it.rows())
+            .map(|r| sm.finish(r, sinks.map(|v| v[it.row(r).1])))
+            .collect();
+        sink.write_block(ctx, it, (&ws.ot, NV * LANES), &fin);
+    }
+    if it.rows() <= crate::decode::DECODE_ROWS {
+        let dv = ctx.p.shape.head_dim_v;
+        let finish = crate::decode::run_item(ctx, it, ws, sinks);
+        for (r, &(f, lse)) in finish.iter().enumerate() {
+            let (pos, h) = it.row(r);
+            sink.write_row(ctx, (it.b, pos, h), &ws.orow[r * dv..(r + 1) * dv], f, lse);
+        }
+    } else if it.rows() <= LANES {
+        go::<T, 1>(ctx, it, ws, sinks, sink);
+    } else {
+        go::<T, { crate::blocking::ROW_VECS }>(ctx, it, ws, sinks, sink);
+    }
 }
 
 /// Transposes the running output `O^T` (`dv x rows`, `rows` a multiple of
@@ -232,12 +349,7 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
                     ws.ahead.push(addr, dk * size_of::<T>(), Hint::L2);
                 }
             }
-            let finish = run_block(ctx, it, ws, sinks);
-            for (r, &(f, lse)) in finish.iter().enumerate() {
-                let (pos, h) = it.row(r);
-                let row = &ws.orow[r * dv..(r + 1) * dv];
-                sink.write_row(ctx, (it.b, pos, h), row, f, lse);
-            }
+            run_and_write(ctx, it, ws, sinks, sink);
         });
         return;
     }
