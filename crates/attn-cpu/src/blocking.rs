@@ -44,7 +44,10 @@
 //! - [`PACKED_V_BYTES`] = 512 KiB: value rows are packed (`pack.rs`) before
 //!   the `P V` kernel reads them; a thread keeps a head's packed rows across
 //!   its blocks when they fit in this many bytes (S <= 910 at d = 128,
-//!   1638 at d = 64), half of a 1 MiB L2 beside that head's K.
+//!   1638 at d = 64), half of a 1 MiB L2 beside that head's K. Beyond
+//!   that, two blocks of a head run as one pass over the keys
+//!   (`schedule::units`), so each tile's values are packed, and its K and
+//!   V rows brought in, once per 128 rows instead of per 64.
 //! - [`SPLIT_KEYS`] = 1024: decoding (few query rows, long K/V) splits the
 //!   keys into chunks of this many, computed in parallel and merged with
 //!   `merge_states`. It is a constant, never derived from the thread count,

@@ -271,6 +271,25 @@ pub fn kv_rows<'a, T: CpuElement>(
     (&scratch[..n * d], d)
 }
 
+/// The rows [`kv_rows`] returned for the same arguments, without widening
+/// them again: `scratch` still holds them from that call (the second block
+/// of a pass over the same tile, `tiling::run_items`).
+pub fn kv_rows_again<'a, T: CpuElement>(
+    src: &'a [T],
+    view: &View,
+    (b, g): (usize, usize),
+    (j0, n): (usize, usize),
+    d: usize,
+    scratch: &'a [f32],
+) -> (&'a [f32], usize) {
+    if let Some(f) = T::as_f32(src) {
+        if let Some(rows) = typed_rows(f, view, (b, g), (j0, n), d) {
+            return rows;
+        }
+    }
+    (&scratch[..n * d], d)
+}
+
 /// Asks the memory system for rows `j0..j0+n` (batch `b`, head `g`) of a K
 /// or V tensor, one prefetch per 64-byte line, so the next key tile arrives
 /// while the current one computes. Decoding streams K and V from DRAM in

@@ -23,7 +23,9 @@
 use crate::blocking::{mr, share, KEYS, LANES, PREFETCH_SPAN_BYTES};
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, pv_part, scores, scores_part};
-use crate::pack::{kv_rows, pack_q, pack_rows, packed_stride, prefetch_rows, Hint, PackedV};
+use crate::pack::{
+    kv_rows, kv_rows_again, pack_q, pack_rows, packed_stride, prefetch_rows, Hint, PackedV,
+};
 use crate::parts::Parts;
 use crate::simd::{load, store, V};
 use crate::softmax::OnlineSoftmax;
@@ -79,36 +81,71 @@ pub fn run_item<T: CpuElement, const NV: usize>(
     item: &Item,
     ws: &mut Workspace,
 ) -> OnlineSoftmax<NV> {
+    let [sm, _] = run_items::<T, NV>(ctx, std::slice::from_ref(item), ws);
+    sm
+}
+
+/// Runs one or two items of the same batch entry and key/value head (each
+/// of at most `NV * 16` rows) in one pass over their keys: every key tile
+/// is read, and its values packed, once for both (see `blocking::PAIR_KEYS`
+/// for when the scheduler pairs blocks). Leaves item `i`'s unnormalised
+/// output in `ws.ot[i * dv * NV*16..]` (`dv x NV*16`) and returns the
+/// softmax states (the second is unused for one item).
+pub fn run_items<T: CpuElement, const NV: usize>(
+    ctx: &Ctx<'_, T>,
+    items: &[Item],
+    ws: &mut Workspace,
+) -> [OnlineSoftmax<NV>; 2] {
     let p = ctx.p;
-    let dk = p.shape.head_dim_qk;
+    let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
     let w = NV * LANES;
-    assert!(item.rows() <= w);
-    pack_q(
-        ctx.q,
-        &p.q,
-        item,
-        (dk, w),
-        ctx.q_scale(),
-        &mut ws.qt,
-        &mut ws.qrow,
+    let head = (items[0].b, items[0].kvh);
+    assert!(
+        (1..=2).contains(&items.len())
+            && items
+                .iter()
+                .all(|it| it.rows() <= w && (it.b, it.kvh) == head && it.keys == items[0].keys)
     );
-    ws.ot.fill(0.0);
-    let mut sm = OnlineSoftmax::<NV>::new();
-    let mask = p.seq_mask(item.b);
-    let span = mask.kv_span(item.positions());
-    let (lo, hi) = (span.start.max(item.keys.start), span.end.min(item.keys.end));
-    let rows = RowInfo::<NV>::new(ctx, item, &mask);
+    for (i, it) in items.iter().enumerate() {
+        pack_q(
+            ctx.q,
+            &p.q,
+            it,
+            (dk, w),
+            ctx.q_scale(),
+            &mut ws.qt[i * dk * w..(i + 1) * dk * w],
+            &mut ws.qrow,
+        );
+    }
+    ws.ot[..items.len() * dv * w].fill(0.0);
+    let mut sms = [OnlineSoftmax::<NV>::new(), OnlineSoftmax::<NV>::new()];
+    let mask = p.seq_mask(head.0);
+    let spans: Vec<(usize, usize)> = items
+        .iter()
+        .map(|it| {
+            let span = mask.kv_span(it.positions());
+            (span.start.max(it.keys.start), span.end.min(it.keys.end))
+        })
+        .collect();
+    let (lo, hi) = spans
+        .iter()
+        .filter(|(lo, hi)| lo < hi)
+        .fold((usize::MAX, 0), |(a, b), &(lo, hi)| (a.min(lo), b.max(hi)));
+    let lo = lo.min(hi);
+    let rows: Vec<RowInfo<NV>> = items
+        .iter()
+        .map(|it| RowInfo::new(ctx, it, &mask))
+        .collect();
     let per_element = ctx.per_element();
     // The scheduler's rows to prefetch, spread over every score-kernel
-    // call of the block.
+    // call of the pass.
     ws.ahead
-        .pace(hi.saturating_sub(lo).div_ceil(KEYS) * KEYS.div_ceil(mr(NV)));
+        .pace(items.len() * (hi - lo).div_ceil(KEYS) * KEYS.div_ceil(mr(NV)));
     // K and V rows of the next tile are prefetched into L2 during each
-    // tile, unless the block's whole span is small enough to have stayed in
+    // tile, unless the pass's whole span is small enough to have stayed in
     // L2 since the previous block of the same head read it (see
     // `PREFETCH_SPAN_BYTES`).
-    let span_bytes = hi.saturating_sub(lo) * (dk + p.shape.head_dim_v) * size_of::<T>();
-    let head = (item.b, item.kvh);
+    let span_bytes = (hi - lo) * (dk + dv) * size_of::<T>();
     let prefetch = span_bytes > PREFETCH_SPAN_BYTES || ws.head != Some(head);
     if lo < hi {
         ws.head = Some(head);
@@ -116,22 +153,32 @@ pub fn run_item<T: CpuElement, const NV: usize>(
     let mut j0 = lo;
     while j0 < hi {
         let n = KEYS.min(hi - j0);
-        let class = mask.classify(item.positions(), j0..j0 + n);
-        if class != TileClass::Skip {
-            let next_n = if prefetch { n.min(hi - j0 - n) } else { 0 };
+        let next_n = if prefetch { n.min(hi - j0 - n) } else { 0 };
+        // The first block to visit the tile prefetches the next one and
+        // packs the tile's values; the second finds them ready.
+        let mut first = true;
+        for (i, it) in items.iter().enumerate() {
+            if spans[i].0 >= spans[i].1 || j0 >= spans[i].1 || j0 + n <= spans[i].0 {
+                continue;
+            }
+            let class = mask.classify(it.positions(), j0..j0 + n);
+            if class == TileClass::Skip {
+                continue;
+            }
             step(
                 ctx,
-                item,
-                ws,
-                &mut sm,
-                (j0, n, next_n),
-                &rows,
+                it,
+                (ws, i, first),
+                &mut sms[i],
+                (j0, n, if first { next_n } else { 0 }),
+                &rows[i],
                 class == TileClass::Partial || per_element,
             );
+            first = false;
         }
         j0 += n;
     }
-    sm
+    sms
 }
 
 /// One key tile `j0..j0+n`: scores, transforms, softmax, `P V`; prefetches
@@ -139,7 +186,7 @@ pub fn run_item<T: CpuElement, const NV: usize>(
 fn step<T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,
     item: &Item,
-    ws: &mut Workspace,
+    (ws, slot, first): (&mut Workspace, usize, bool),
     sm: &mut OnlineSoftmax<NV>,
     (j0, n, next_n): (usize, usize, usize),
     rows: &RowInfo<NV>,
@@ -162,7 +209,14 @@ fn step<T: CpuElement, const NV: usize>(
         ahead,
         ..
     } = ws;
-    let (k, ks) = kv_rows(ctx.k, &p.k, g, (j0, n), dk, kbuf);
+    let qt = &qt[slot * dk * w..(slot + 1) * dk * w];
+    let ot = &mut ot[slot * dv * w..(slot + 1) * dv * w];
+    // The second block of a pass finds the tile's keys widened already.
+    let (k, ks) = if first {
+        kv_rows(ctx.k, &p.k, g, (j0, n), dk, kbuf)
+    } else {
+        kv_rows_again(ctx.k, &p.k, g, (j0, n), dk, kbuf.as_slice())
+    };
     assert!(k.len() >= (n - 1) * ks + dk && qt.len() >= dk * w && st.len() >= n * w);
     // This tile's values are packed group by group between the score
     // kernels, each group one kernel call after its prefetch into L1: the
@@ -172,7 +226,11 @@ fn step<T: CpuElement, const NV: usize>(
     // later block of the head finds them packed already.
     let vs = packed_stride(dv);
     let keep = PackedV::fits(j0 + n, vs);
-    let ready = keep && packed_v.holds(g, &(j0..j0 + n));
+    let ready = if keep {
+        packed_v.holds(g, &(j0..j0 + n))
+    } else {
+        !first
+    };
     let next_ready = packed_v.holds(g, &(j0 + n..j0 + n + next_n));
     let vdst: &mut [f32] = if keep {
         packed_v.claim(g, (j0, n), vs)

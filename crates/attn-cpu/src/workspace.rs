@@ -27,11 +27,11 @@ const POOL: usize = 2;
 pub struct Workspace {
     /// The head dims `(dk, dv)` it was made for.
     dims: (usize, usize),
-    /// `Q^T`, `d_qk x ROWS`.
+    /// `Q^T` of the (up to 2) blocks of a pass, each `d_qk x ROWS`.
     pub qt: Vec<f32>,
     /// Score / probability tile `S^T`, `KEYS x ROWS`.
     pub st: Vec<f32>,
-    /// Running output `O^T`, `d_v x ROWS`.
+    /// Running output `O^T` of the blocks of a pass, each `d_v x ROWS`.
     pub ot: Vec<f32>,
     /// Widened keys when K is not f32 with unit stride.
     pub kbuf: Vec<f32>,
@@ -56,9 +56,9 @@ impl Workspace {
     pub fn new(dk: usize, dv: usize) -> Self {
         Workspace {
             dims: (dk, dv),
-            qt: vec![0.0; dk * ROWS],
+            qt: vec![0.0; 2 * dk * ROWS],
             st: vec![0.0; KEYS * ROWS],
-            ot: vec![0.0; dv * ROWS],
+            ot: vec![0.0; 2 * dv * ROWS],
             kbuf: vec![0.0; KEYS * dk],
             vbuf: vec![0.0; KEYS * packed_stride(dv)],
             packed_v: PackedV::default(),

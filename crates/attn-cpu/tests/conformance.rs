@@ -148,3 +148,51 @@ fn strided_outputs_get_the_contiguous_values() {
         assert_eq!(Some(lse), dense.lse);
     }
 }
+
+/// Key spans too long for a thread's kept value rows make the scheduler
+/// run two blocks of a head per pass over the keys; those passes must
+/// pass the same check, under causal, sliding-window and bottom-right
+/// masks, GQA, per-sequence lengths, f32 and bf16, and give the same bits
+/// for 1 and 2 threads.
+#[test]
+fn paired_blocks_pass() {
+    let cases = [
+        (
+            Shape::new(1, 2, 1, 160, 1800, 64),
+            DType::F32,
+            AttnOptions::default().causal(),
+        ),
+        (
+            Shape::new(1, 4, 2, 100, 1700, 64),
+            DType::F32,
+            AttnOptions::default(),
+        ),
+        (
+            Shape::new(2, 2, 1, 140, 1900, 64),
+            DType::Bf16,
+            AttnOptions::default().window(Some(700), Some(0)),
+        ),
+    ];
+    for (i, (shape, dtype, options)) in cases.into_iter().enumerate() {
+        let mut params = CaseParams::plain(shape);
+        params.dtype = dtype;
+        params.options = options.with_lse();
+        params.seed = 11 + i as u64;
+        params.q_lens = i == 2;
+        params.kv_lens = i == 2;
+        let case = Case::build(params);
+        assert_eq!(
+            check_case(&Cpu::with_threads(1).unwrap(), &case),
+            Ok(Outcome::Passed),
+            "case {i}"
+        );
+        let run = |threads: usize| {
+            Cpu::with_threads(threads)
+                .unwrap()
+                .forward(&case.problem, Inputs::new(&case.q, &case.k, &case.v))
+                .unwrap()
+                .out
+        };
+        assert_eq!(run(1), run(2), "case {i}: thread counts differ");
+    }
+}
