@@ -87,3 +87,42 @@ pub fn triad_bandwidth(threads: usize) -> f64 {
         best
     })
 }
+
+/// Read bandwidth in GB/s: each of `threads` threads sums its part of a
+/// 256 MiB f32 array (well beyond the caches), best of several passes. The
+/// roofline of a kernel that only reads its data, as decoding reads K and
+/// V; triad (`triad_bandwidth`) also writes, and counts 3 arrays where the
+/// hardware moves 4 (the written lines are read first).
+pub fn read_bandwidth(threads: usize) -> f64 {
+    let n = 64 << 20;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool");
+    pool.install(|| {
+        let a: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+        let chunk = n / threads.max(1) / 8;
+        let mut best = 0.0f64;
+        for _ in 0..6 {
+            let t = Instant::now();
+            let total: f32 = a.par_chunks(chunk).map(sum_lines).sum();
+            black_box(total);
+            let s = t.elapsed().as_secs_f64();
+            best = best.max((n * 4) as f64 / s / 1e9);
+        }
+        best
+    })
+}
+
+/// The sum of `a`, 64 independent partial sums at a time (4 cache lines per
+/// step), which the compiler keeps in vector registers.
+fn sum_lines(a: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 64];
+    let mut lines = a.chunks_exact(64);
+    for c in &mut lines {
+        for (x, &y) in acc.iter_mut().zip(c) {
+            *x += y;
+        }
+    }
+    acc.iter().sum::<f32>() + lines.remainder().iter().sum::<f32>()
+}

@@ -2,7 +2,7 @@
 //! core and for all cores, memory bandwidth, CPU model, SIMD compiled in
 //! versus available, versions, commit and date.
 
-use attn_benches::machine::{fma_peak, fma_peak_per_core, triad_bandwidth};
+use attn_benches::machine::{fma_peak, fma_peak_per_core, read_bandwidth, triad_bandwidth};
 use serde_json::{json, Value};
 use std::process::Command;
 
@@ -19,6 +19,8 @@ pub struct Machine {
     pub bw_1: f64,
     /// Triad bandwidth with all cores, GB/s.
     pub bw_all: f64,
+    /// Read bandwidth with one thread and with all cores, GB/s.
+    pub read: (f64, f64),
     /// Everything else, for the report.
     pub facts: Value,
 }
@@ -49,12 +51,21 @@ impl Machine {
         })
     }
 
-    /// Bandwidth for `threads` threads.
+    /// Triad bandwidth for `threads` threads.
     pub fn bandwidth(&self, threads: usize) -> f64 {
         if threads > 1 {
             self.bw_all
         } else {
             self.bw_1
+        }
+    }
+
+    /// Read bandwidth for `threads` threads.
+    pub fn read_bandwidth(&self, threads: usize) -> f64 {
+        if threads > 1 {
+            self.read.1
+        } else {
+            self.read.0
         }
     }
 }
@@ -89,6 +100,7 @@ pub fn measure() -> Machine {
     let peak_all = fma_peak(cores);
     let bw_1 = triad_bandwidth(1);
     let bw_all = triad_bandwidth(cores);
+    let read = (read_bandwidth(1), read_bandwidth(cores));
     let facts = json!({
         "cpu_model": cpu_model(),
         "cores": cores,
@@ -99,6 +111,8 @@ pub fn measure() -> Machine {
         "fma_peak_gflops_all_cores": peak_all,
         "triad_bandwidth_gbs_1_thread": bw_1,
         "triad_bandwidth_gbs_all_cores": bw_all,
+        "read_bandwidth_gbs_1_thread": read.0,
+        "read_bandwidth_gbs_all_cores": read.1,
         "rustc": cmd("rustc", &["-V"]),
         "git_commit": cmd("git", &["rev-parse", "--short", "HEAD"]),
         "git_dirty": !cmd("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty(),
@@ -111,6 +125,7 @@ pub fn measure() -> Machine {
         peak_all,
         bw_1,
         bw_all,
+        read,
         facts,
     }
 }
@@ -138,6 +153,10 @@ pub fn run_peak() -> Result<(), String> {
         "bandwidth:  {:.1} GB/s one thread, {:.1} GB/s all cores (triad)",
         m.bw_1, m.bw_all
     );
+    println!(
+        "            {:.1} GB/s one thread, {:.1} GB/s all cores (read)",
+        m.read.0, m.read.1
+    );
     if let Some(w) = m.contention() {
         println!("warning:    {w}");
     }
@@ -155,6 +174,7 @@ mod tests {
             peak_all,
             bw_1: 1.0,
             bw_all: 1.0,
+            read: (1.0, 1.0),
             facts: Value::Null,
         }
     }

@@ -58,6 +58,7 @@ impl Record {
             "percent_of_peak": 100.0 * self.gflops() / peak,
             "gbs": self.gbs(),
             "percent_of_bandwidth": self.gbs().map(|g| 100.0 * g / m.bandwidth(self.threads)),
+            "percent_of_read_bandwidth": self.gbs().map(|g| 100.0 * g / m.read_bandwidth(self.threads)),
             "checked": self.checked,
             "check": self.check_note,
         })
@@ -113,6 +114,10 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
             "memory bandwidth (triad)",
             format!("{:.1} GB/s one thread, {:.1} all cores", m.bw_1, m.bw_all),
         ),
+        (
+            "memory bandwidth (read)",
+            format!("{:.1} GB/s one thread, {:.1} all cores", m.read.0, m.read.1),
+        ),
         ("rustc", text("rustc")),
         (
             "commit",
@@ -128,7 +133,7 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
     }
     let _ = writeln!(
         s,
-        "\nThroughput counts only visible (query, key) pairs, 4 x head_dim flops each; percent of peak is against the FMA peak measured above for the same thread count; decode cases also show GB/s of K and V against the measured bandwidth. `checked` = the output matched the f64 reference under the conformance bound just before timing.\n"
+        "\nThroughput counts only visible (query, key) pairs, 4 x head_dim flops each; percent of peak is against the FMA peak measured above for the same thread count; decode cases also show GB/s of K and V against the measured triad and read bandwidths (decoding only reads). `checked` = the output matched the f64 reference under the conformance bound just before timing.\n"
     );
     if let Some(w) = m.contention() {
         let _ = writeln!(s, "- **Warning:** {w}.");
@@ -142,12 +147,16 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
     cases.retain(|c| seen.insert(*c));
     let _ = writeln!(
         s,
-        "\n| case | backend | threads | median | GFLOP/s | % of peak | GB/s (% of bw) | checked |\n|---|---|---|---|---|---|---|---|"
+        "\n| case | backend | threads | median | GFLOP/s | % of peak | GB/s (% of triad, read bw) | checked |\n|---|---|---|---|---|---|---|---|"
     );
     for c in &cases {
         for r in records.iter().filter(|r| r.case.name == *c) {
             let gbs = r.gbs().map_or(String::new(), |g| {
-                format!("{g:.1} ({:.0}%)", 100.0 * g / m.bandwidth(r.threads))
+                format!(
+                    "{g:.1} ({:.0}%, {:.0}%)",
+                    100.0 * g / m.bandwidth(r.threads),
+                    100.0 * g / m.read_bandwidth(r.threads)
+                )
             });
             let _ = writeln!(
                 s,
