@@ -31,6 +31,11 @@ pub trait CpuElement: Element {
         let x: [f32; 4] = std::array::from_fn(|i| unsafe { *p.add(i) }.to_f32());
         V::from(std::array::from_fn::<f32, 16, _>(|l| x[l % 4]))
     }
+    /// The pointer as f32 when this type is f32 (results then go out as
+    /// whole vectors).
+    fn f32_ptr(_p: *mut Self) -> Option<*mut f32> {
+        None
+    }
     /// Stores `src * f` into `dst` (same length), rounding once.
     fn store_scaled(src: &[f32], f: f32, dst: &mut [Self]);
     /// The typed slice inside host data of this type.
@@ -58,6 +63,9 @@ impl CpuElement for f32 {
         // SAFETY: compiled only when the whole build enables avx512f; the
         // caller guarantees 4 readable f32 (16 bytes) at `p`.
         unsafe { V::from(_mm512_broadcast_f32x4(_mm_loadu_ps(p))) }
+    }
+    fn f32_ptr(p: *mut f32) -> Option<*mut f32> {
+        Some(p)
     }
     fn store_scaled(src: &[f32], f: f32, dst: &mut [f32]) {
         for (d, &s) in dst.iter_mut().zip(src) {

@@ -135,6 +135,27 @@ impl<T: CpuElement> Sink<T> {
                 assert!(at + (dv - 1) * step < self.out_len);
             }
             let mut c0 = 0;
+            if let (Some(out), true) = (T::f32_ptr(self.out), live == LANES && step == 1) {
+                // Sixteen f32 rows with unit stride: whole vectors, no
+                // per-element work (a third faster than the loop below,
+                // timed with the cycle counter on S = 512 causal).
+                let f: [V; LANES] = std::array::from_fn(|i| V::splat(fin[r0 + i].0));
+                while c0 + LANES <= dv {
+                    let blk: [V; LANES] = std::array::from_fn(|c| {
+                        // SAFETY: c0 + c < dv and r0 + 16 <= w: inside ot
+                        // (asserted above).
+                        unsafe { load(ot.as_ptr().add((c0 + c) * w + r0)) }
+                    });
+                    let t = crate::simd::transpose16(blk);
+                    for i in 0..LANES {
+                        // SAFETY: base[i] + c0 + 16 <= base[i] + dv is
+                        // inside the output (asserted per row); no other
+                        // item writes this row.
+                        unsafe { store(out.add(base[i] + c0), t[i] * f[i]) };
+                    }
+                    c0 += LANES;
+                }
+            }
             while c0 < dv {
                 let wc = LANES.min(dv - c0);
                 let mut blk = [V::ZERO; LANES];
