@@ -47,7 +47,9 @@
 //!   1638 at d = 64), half of a 1 MiB L2 beside that head's K. Beyond
 //!   that, two blocks of a head run as one pass over the keys
 //!   (`schedule::units`), so each tile's values are packed, and its K and
-//!   V rows brought in, once per 128 rows instead of per 64.
+//!   V rows brought in, once per 128 rows instead of per 64. Only problems
+//!   of at least [`PAIR_MIN_BLOCKS`] = 32 blocks pair them, so that the
+//!   units of work stay at least [`MIN_WORK_ITEMS`].
 //! - [`SPLIT_KEYS`] = 1024: decoding (few query rows, long K/V) splits the
 //!   keys into chunks of this many, computed in parallel and merged with
 //!   `merge_states`. It is a constant, never derived from the thread count,
@@ -102,6 +104,9 @@ pub const SPLIT_KEYS: usize = 1024;
 
 /// Keys are split only when a problem has fewer row blocks than this.
 pub const MIN_WORK_ITEMS: usize = 16;
+
+/// Blocks are run in pairs only when a problem has at least this many.
+pub const PAIR_MIN_BLOCKS: usize = 2 * MIN_WORK_ITEMS;
 
 /// Problems with fewer FLOPs than this run on the calling thread: waking
 /// the pool costs 10-20 us here, about what 8 MFLOP take on one core.

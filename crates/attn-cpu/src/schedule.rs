@@ -33,7 +33,8 @@ pub struct Sink<T> {
     lse_len: usize,
 }
 
-// SAFETY: the pointers are only written through `write_row`, at elements
+// SAFETY: the pointers are only written through `write_row` and
+// `write_block` (the latter also as f32 vectors through `f32_ptr`), at elements
 // that no other item writes (rows are partitioned among items, and the
 // output view was validated not to alias), while the buffers are borrowed
 // mutably for the whole parallel section.
@@ -245,11 +246,28 @@ fn run_and_write<T: CpuElement>(
     }
 }
 
+/// The row blocks of `p` grouped by (batch, K/V head), heaviest first
+/// within each group (see the module docs).
+fn sorted_blocks(p: &attn_spec::Problem) -> Vec<Item> {
+    let mut blocks = row_blocks(p);
+    let cost = |it: &Item| -> u64 {
+        let m = p.seq_mask(it.b);
+        it.positions()
+            .map(|pos| m.kv_range(pos).len() as u64)
+            .sum::<u64>()
+            * it.nh as u64
+    };
+    blocks.sort_by_key(|it| (it.b, it.kvh, std::cmp::Reverse(cost(it))));
+    blocks
+}
+
 /// Cuts the sorted blocks into units of work: two consecutive blocks of
 /// the same batch entry and key/value head run as one pass over their
-/// keys (`tiling::run_items`) when both take the full-width path and the
-/// head's value rows do not fit the kept packed rows (`PackedV`): each
-/// key tile is then read, and its values packed, once for 2 x 64 rows.
+/// keys (`tiling::run_items`) when both take the full-width path, their
+/// key spans overlap, the head's value rows do not fit the kept packed
+/// rows (`PackedV`) and the problem has at least `PAIR_MIN_BLOCKS` blocks
+/// (so pairing leaves enough units for the cores): each shared key tile
+/// is then read, and its values packed, once for 2 x 64 rows.
 /// Shorter spans keep single blocks: their K and V stay in L2 and their
 /// values stay packed across blocks anyway. The cut depends on the
 /// problem only, never on the thread count. Measured (1 thread, d = 128,
@@ -257,13 +275,21 @@ fn run_and_write<T: CpuElement>(
 /// medians of 6): S = 8192 causal +9%, S = 2048 +7.5%, S = 2048 causal +3%.
 fn units(p: &attn_spec::Problem, blocks: &[Item]) -> Vec<std::ops::Range<usize>> {
     let vs = crate::pack::packed_stride(p.shape.head_dim_v);
+    let span = |it: &Item| {
+        let s = p.seq_mask(it.b).kv_span(it.positions());
+        s.start.max(it.keys.start)..s.end.min(it.keys.end)
+    };
     let pairs_well = |a: &Item, b: &Item| {
-        let end = p.seq_mask(a.b).kv_span(a.positions()).end.min(a.keys.end);
+        let (sa, sb) = (span(a), span(b));
         (a.b, a.kvh) == (b.b, b.kvh)
             && a.keys == b.keys
             && a.rows().min(b.rows()) > LANES
-            && !crate::pack::PackedV::fits(end, vs)
+            && sa.start.max(sb.start) < sa.end.min(sb.end)
+            && !crate::pack::PackedV::fits(sa.end.max(sb.end), vs)
     };
+    if blocks.len() < crate::blocking::PAIR_MIN_BLOCKS {
+        return (0..blocks.len()).map(|i| i..i + 1).collect();
+    }
     let mut out = Vec::new();
     let mut i = 0;
     while i < blocks.len() {
@@ -377,15 +403,7 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
     for &at in &padded {
         sink.write_row(ctx, at, &zeros, 1.0, f32::NEG_INFINITY);
     }
-    let mut blocks = row_blocks(p);
-    let cost = |it: &Item| -> u64 {
-        let m = p.seq_mask(it.b);
-        it.positions()
-            .map(|pos| m.kv_range(pos).len() as u64)
-            .sum::<u64>()
-            * it.nh as u64
-    };
-    blocks.sort_by_key(|it| (it.b, it.kvh, std::cmp::Reverse(cost(it))));
+    let blocks = sorted_blocks(p);
     let sinks = p.options.sinks.as_deref();
     if !split_keys(p, blocks.len()) {
         let units = units(p, &blocks);
@@ -496,4 +514,50 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
             sink.write_row(ctx, (it.b, pos, h), row, f, lse);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_spec::{AttnOptions, DType, Problem, Shape};
+
+    fn pairs(p: &Problem) -> usize {
+        units(p, &sorted_blocks(p))
+            .iter()
+            .filter(|u| u.len() == 2)
+            .count()
+    }
+
+    /// The shapes of `paired_blocks_pass` (tests/conformance.rs) do pair
+    /// blocks, so that test exercises the paired pass; short spans, few
+    /// blocks and decode-sized blocks never pair.
+    #[test]
+    fn units_pair_long_spans_only() {
+        let causal = AttnOptions::default().causal();
+        let window = AttnOptions::default()
+            .window(Some(700), Some(0))
+            .q_lens(vec![256, 200])
+            .kv_lens(vec![1900, 1750]);
+        let long = [
+            (Shape::new(1, 4, 4, 512, 2000, 64), causal.clone()),
+            (Shape::new(1, 8, 2, 256, 2000, 64), AttnOptions::default()),
+            (Shape::new(2, 4, 4, 256, 1900, 64), window),
+            (Shape::new(1, 4, 4, 512, 1800, 64), causal.clone()),
+        ];
+        for (shape, options) in long {
+            let p = Problem::new(shape, DType::F32).with_options(options);
+            assert!(pairs(&p) > 0, "{shape:?} made no pair");
+        }
+        let never = [
+            // Spans that fit the kept value rows.
+            Problem::new(Shape::new(1, 8, 8, 512, 512, 128), DType::F32),
+            // Fewer than PAIR_MIN_BLOCKS blocks.
+            Problem::new(Shape::new(1, 2, 2, 512, 4000, 64), DType::F32),
+            // Decode-sized blocks.
+            Problem::new(Shape::new(64, 32, 8, 1, 4000, 128), DType::F32),
+        ];
+        for p in never {
+            assert_eq!(pairs(&p), 0, "{:?}", p.shape);
+        }
+    }
 }

@@ -194,9 +194,9 @@ unsafe fn reduce16_avx512(m: &[V; 16]) -> V {
 /// lane `i` of result `r` is `(m[i][4r] + m[i][4r + 2]) + (m[i][4r + 1] +
 /// m[i][4r + 3])`. This is the reduction of `microkernel::decode::
 /// scores_quad`, where vector `m[i]` carries key `i`'s dot products with
-/// 4 query rows, one row per 128-bit quarter. With AVX-512 it takes 8
-/// interleaves, 8 in-lane shuffles, 8 lane shuffles and 12 adds for all 64
-/// sums (`reduce16` takes 45 operations for 16).
+/// 4 query rows, one row per 128-bit quarter. With AVX-512 it takes 16
+/// interleaves, 8 in-lane shuffles, 8 lane shuffles and 12 adds (44
+/// operations) for all 64 sums (`reduce16` takes 45 for 16).
 #[inline(always)]
 pub fn reduce_quads(m: &[V; 16]) -> [V; 4] {
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]

@@ -1,9 +1,11 @@
 //! The loop nest of one work item: for a block of query rows, stream the
 //! key tiles it can see, compute `S^T = K Q^T`, apply the per-element
 //! transforms and masks where they are needed, fold the tile into the online
-//! softmax and accumulate `O^T += V^T P^T`. No `S x S` matrix exists: the
-//! workspace is one tile of each kind plus at most `PACKED_V_BYTES` of
-//! packed value rows, whatever the sequence length.
+//! softmax and accumulate `O^T += V^T P^T`. A pass of two blocks of one head
+//! (`run_items`) streams the union of their spans, and each block skips
+//! the tiles it cannot see. No `S x S` matrix exists: the workspace is one
+//! tile of each kind (two query panels and running outputs) plus at most
+//! `PACKED_V_BYTES` of packed value rows, whatever the sequence length.
 //!
 //! Why query rows along the lanes (the transposed formulation): keys and
 //! values are then read as broadcast scalars from their rows (no
@@ -87,7 +89,7 @@ pub fn run_item<T: CpuElement, const NV: usize>(
 
 /// Runs one or two items of the same batch entry and key/value head (each
 /// of at most `NV * 16` rows) in one pass over their keys: every key tile
-/// is read, and its values packed, once for both (see `blocking::PAIR_KEYS`
+/// is read, and its values packed, once for both (see `schedule::units`
 /// for when the scheduler pairs blocks). Leaves item `i`'s unnormalised
 /// output in `ws.ot[i * dv * NV*16..]` (`dv x NV*16`) and returns the
 /// softmax states (the second is unused for one item).
@@ -207,11 +209,25 @@ fn step<T: CpuElement, const NV: usize>(
         vbuf,
         packed_v,
         ahead,
+        scratch_tile,
         ..
     } = ws;
     let qt = &qt[slot * dk * w..(slot + 1) * dk * w];
     let ot = &mut ot[slot * dv * w..(slot + 1) * dv * w];
-    // The second block of a pass finds the tile's keys widened already.
+    // The second block of a pass finds the tile's keys widened and its
+    // values packed already, in `kbuf` and `vbuf` when they went there:
+    // the first block recorded the tile (checked here, so a change to the
+    // pass's loop cannot silently feed it another tile's rows).
+    let tile = (g, j0, n);
+    if first {
+        *scratch_tile = Some(tile);
+    } else {
+        assert_eq!(
+            *scratch_tile,
+            Some(tile),
+            "the pass's first block filled the scratch"
+        );
+    }
     let (k, ks) = if first {
         kv_rows(ctx.k, &p.k, g, (j0, n), dk, kbuf)
     } else {

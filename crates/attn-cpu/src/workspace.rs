@@ -1,4 +1,5 @@
-//! Per-thread scratch: one tile of each kind and a head's packed value
+//! Per-thread scratch: one tile of each kind (two query panels and two
+//! running outputs, for a pass of two blocks) and a head's packed value
 //! rows, leased from a per-thread pool so that calls do not allocate (and
 //! fault in) fresh pages.
 //!
@@ -9,9 +10,9 @@
 //! forgets what it cached for the previous call (`Workspace::reset`), and
 //! gives it back on drop. The pool keeps at most [`POOL`] workspaces per
 //! thread (the most recent), for the life of the thread: at head dim 128
-//! each holds about 300 KiB of tiles plus up to `PACKED_V_BYTES` (512 KiB)
+//! each holds about 340 KiB of tiles plus up to `PACKED_V_BYTES` (512 KiB)
 //! of packed value rows, so a thread that ran attention keeps at most
-//! about 1.6 MiB.
+//! about 1.7 MiB.
 
 use crate::blocking::{DECODE_KEYS, KEYS, LANES, ROWS};
 use crate::decode::DECODE_ROWS;
@@ -22,7 +23,8 @@ use std::ops::{Deref, DerefMut};
 /// Workspaces a thread keeps between leases (more are dropped).
 const POOL: usize = 2;
 
-/// Per-thread scratch: one tile of each kind, and a head's packed value
+/// Per-thread scratch: one tile of each kind (the query panel and running
+/// output twice), and a head's packed value
 /// rows (at most `PACKED_V_BYTES`).
 pub struct Workspace {
     /// The head dims `(dk, dv)` it was made for.
@@ -49,6 +51,9 @@ pub struct Workspace {
     pub ahead: Ahead,
     /// (batch, K/V head) of the last block run on this workspace.
     pub head: Option<(usize, usize)>,
+    /// The key tile `((batch, K/V head), j0, n)` whose rows the first block
+    /// of a pass left in `kbuf` and `vbuf` (`tiling::run_items`).
+    pub scratch_tile: Option<((usize, usize), usize, usize)>,
 }
 
 impl Workspace {
@@ -67,6 +72,7 @@ impl Workspace {
             sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
             ahead: Ahead::default(),
             head: None,
+            scratch_tile: None,
         }
     }
 
@@ -75,6 +81,7 @@ impl Workspace {
     fn reset(&mut self) {
         self.packed_v.forget();
         self.head = None;
+        self.scratch_tile = None;
         self.ahead.clear();
     }
 }

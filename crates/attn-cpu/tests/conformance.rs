@@ -58,9 +58,7 @@ fn results_do_not_depend_on_the_thread_count() {
         let case = Case::build(params);
         let run = |threads: usize| {
             let cpu = Cpu::with_threads(threads).unwrap();
-            let o = cpu
-                .forward(&case.problem, Inputs::new(&case.q, &case.k, &case.v))
-                .unwrap();
+            let o = cpu.forward(&case.problem, case.inputs()).unwrap();
             (o.out, o.lse)
         };
         let one = run(1);
@@ -97,6 +95,7 @@ fn strided_outputs_get_the_contiguous_values() {
     let cpu = Cpu::with_threads(1).unwrap();
     for (shape, dtype) in [
         (Shape::new(1, 4, 2, 70, 90, 24), DType::F32),
+        (Shape::new(1, 4, 2, 70, 90, 32), DType::F32),
         (Shape::new(1, 4, 2, 9, 90, 24), DType::Bf16),
         (Shape::new(1, 4, 2, 1, 90, 24), DType::F32),
     ] {
@@ -150,27 +149,38 @@ fn strided_outputs_get_the_contiguous_values() {
 }
 
 /// Key spans too long for a thread's kept value rows make the scheduler
-/// run two blocks of a head per pass over the keys; those passes must
-/// pass the same check, under causal, sliding-window and bottom-right
-/// masks, GQA, per-sequence lengths, f32 and bf16, and give the same bits
+/// run two blocks of a head per pass over the keys (these shapes do: see
+/// `schedule::tests::units_pair_long_spans_only`); those passes must pass
+/// the same check under causal and sliding-window masks with per-sequence
+/// lengths (where the two blocks' spans differ, and the second block is
+/// the first to visit some tiles), GQA, ALiBi, bias, soft-cap and sinks,
+/// in f32, bf16 and f16, and give the same bits (output and log-sum-exp)
 /// for 1 and 2 threads.
 #[test]
 fn paired_blocks_pass() {
     let cases = [
         (
-            Shape::new(1, 2, 1, 160, 1800, 64),
+            Shape::new(1, 4, 4, 512, 2000, 64),
             DType::F32,
             AttnOptions::default().causal(),
         ),
         (
-            Shape::new(1, 4, 2, 100, 1700, 64),
+            Shape::new(1, 8, 2, 256, 2000, 64),
             DType::F32,
             AttnOptions::default(),
         ),
         (
-            Shape::new(2, 2, 1, 140, 1900, 64),
+            Shape::new(2, 4, 4, 256, 1900, 64),
             DType::Bf16,
-            AttnOptions::default().window(Some(700), Some(0)),
+            AttnOptions::default()
+                .window(Some(700), Some(0))
+                .q_lens(vec![256, 200])
+                .kv_lens(vec![1900, 1750]),
+        ),
+        (
+            Shape::new(1, 4, 4, 512, 1800, 64),
+            DType::F16,
+            AttnOptions::default().causal().softcap(30.0),
         ),
     ];
     for (i, (shape, dtype, options)) in cases.into_iter().enumerate() {
@@ -178,8 +188,14 @@ fn paired_blocks_pass() {
         params.dtype = dtype;
         params.options = options.with_lse();
         params.seed = 11 + i as u64;
-        params.q_lens = i == 2;
-        params.kv_lens = i == 2;
+        if i == 3 {
+            params.alibi = true;
+            params.sinks = true;
+            params.bias = Some(attn_conformance::case::Bcast {
+                per_batch: false,
+                per_head: true,
+            });
+        }
         let case = Case::build(params);
         assert_eq!(
             check_case(&Cpu::with_threads(1).unwrap(), &case),
@@ -187,11 +203,11 @@ fn paired_blocks_pass() {
             "case {i}"
         );
         let run = |threads: usize| {
-            Cpu::with_threads(threads)
+            let o = Cpu::with_threads(threads)
                 .unwrap()
-                .forward(&case.problem, Inputs::new(&case.q, &case.k, &case.v))
-                .unwrap()
-                .out
+                .forward(&case.problem, case.inputs())
+                .unwrap();
+            (o.out, o.lse)
         };
         assert_eq!(run(1), run(2), "case {i}: thread counts differ");
     }

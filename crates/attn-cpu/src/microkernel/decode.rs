@@ -8,8 +8,8 @@
 //! loaded as it lies in memory and multiplied into `R` accumulators of
 //! partial sums; sixteen keys' accumulators then collapse into sixteen
 //! scores with one transpose-and-add tree (`simd::reduce16`). Blocks of 3
-//! or 4 rows (a GQA group of 4, the common case) use `scores_quad`
-//! instead: the rows share each vector, a quarter each, so a key needs one
+//! or 4 rows (a GQA group of 4, the common case) at a head dim that is a
+//! multiple of 4 use `scores_quad` instead: the rows share each vector, a quarter each, so a key needs one
 //! accumulator instead of four and the reduction shrinks fourfold
 //! (measured on this project's machine, GQA 32:8, d = 128, alternating
 //! runs in one process, 1 thread: 1024 keys, in cache, +9% for f32 and +8%
@@ -171,7 +171,7 @@ pub fn quad_queries(q: &[f32], qs: usize, rows: usize, d: usize) -> Vec<f32> {
 /// FMA per key multiplies the queries' vector (`q4`, from
 /// [`quad_queries`]) by the key's 4 elements repeated 4 times
 /// (`CpuElement::load4x4`). Sixteen keys keep 16 accumulators, and [`reduce_quads`] turns them into the 4 rows'
-/// scores with 36 operations where [`scores`] spends 4 x 45 on `reduce16`:
+/// scores with 44 operations where [`scores`] spends 4 x 45 on `reduce16`:
 /// the same FMAs, a quarter of the reduction. Same contract as [`scores`]
 /// (`ss` a multiple of 16, scores past `n` unspecified), with `d` a
 /// multiple of 4.
