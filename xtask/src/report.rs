@@ -65,6 +65,39 @@ impl Record {
     }
 }
 
+/// Rows whose thread scaling suggests the machine was shared while they
+/// ran (the all-core peak check, `Machine::contention`, sees only the
+/// moment it measures): for each backend and case, the 1-thread rate more
+/// than 10% below the per-thread rate of the most threads (a contended
+/// 1-thread run, unless the case really scales past linear, e.g. through
+/// the second core's cache), or, for cases of at least a GFLOP, more
+/// threads slower than one (a contended many-thread run).
+pub fn scaling_warnings(records: &[Record]) -> Vec<String> {
+    let mut out = Vec::new();
+    for one in records.iter().filter(|r| r.threads == 1) {
+        let Some(many) = records
+            .iter()
+            .filter(|r| r.backend == one.backend && r.case.name == one.case.name && r.threads > 1)
+            .max_by_key(|r| r.threads)
+        else {
+            continue;
+        };
+        let (g1, gn, n) = (one.gflops(), many.gflops(), many.threads);
+        let what = format!("{} on {}", one.case.name, one.backend);
+        if gn / n as f64 > 1.1 * g1 {
+            out.push(format!(
+                "{what}: 1 thread ran at {g1:.1} GFLOP/s, below the {:.1} per thread of {n} threads (contended 1-thread run?)",
+                gn / n as f64
+            ));
+        } else if one.case.flops() >= 1e9 && gn < g1 {
+            out.push(format!(
+                "{what}: {n} threads ran at {gn:.1} GFLOP/s, slower than 1 thread's {g1:.1} (contended {n}-thread run?)"
+            ));
+        }
+    }
+    out
+}
+
 /// Writes `report.json` and `report.md` into `dir`; returns the markdown.
 pub fn write(
     dir: &std::path::Path,
@@ -76,6 +109,7 @@ pub fn write(
     let doc = json!({
         "machine": m.facts,
         "contention_warning": m.contention(),
+        "scaling_warnings": scaling_warnings(records),
         "notes": notes,
         "memory_case": memory,
         "records": records.iter().map(|r| r.json(m)).collect::<Vec<_>>(),
@@ -137,6 +171,9 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
     );
     if let Some(w) = m.contention() {
         let _ = writeln!(s, "- **Warning:** {w}.");
+    }
+    for w in scaling_warnings(records) {
+        let _ = writeln!(s, "- **Check:** {w}.");
     }
     for n in notes {
         let _ = writeln!(s, "- {n}");
@@ -229,5 +266,48 @@ pub fn fmt_time(secs: f64) -> String {
         format!("{:.3} ms", secs * 1e3)
     } else {
         format!("{:.1} us", secs * 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_benches::SUITE;
+
+    fn record(case: &str, backend: &str, threads: usize, median: f64) -> Record {
+        Record {
+            backend: backend.into(),
+            case: SUITE
+                .iter()
+                .find(|c| c.name == case)
+                .expect("a suite case")
+                .clone(),
+            threads,
+            median,
+            spread: (median, median),
+            checked: true,
+            check_note: String::new(),
+        }
+    }
+
+    #[test]
+    fn implausible_scaling_is_flagged() {
+        let case = "prefill/s2048-d128";
+        // 2 threads at 1.9x: plausible, no warning.
+        let fine = [
+            record(case, "cpu", 1, 1.0),
+            record(case, "cpu", 2, 1.0 / 1.9),
+        ];
+        assert!(scaling_warnings(&fine).is_empty());
+        // 2 threads at 2.5x one: the 1-thread run was slow.
+        let slow_one = [record(case, "cpu", 1, 1.0), record(case, "cpu", 2, 0.4)];
+        assert_eq!(scaling_warnings(&slow_one).len(), 1);
+        // 2 threads slower than one on a large case.
+        let slow_two = [record(case, "cpu", 1, 1.0), record(case, "cpu", 2, 1.1)];
+        assert_eq!(scaling_warnings(&slow_two).len(), 1);
+        // A tiny case may not scale at all: no warning.
+        let tiny = "tiny/s64-d32";
+        let small = [record(tiny, "cpu", 1, 1e-5), record(tiny, "cpu", 2, 1.1e-5)];
+        assert!(scaling_warnings(&small).is_empty());
     }
 }
