@@ -36,13 +36,18 @@ pub fn fma_peak_per_core() -> f64 {
         / 1e9
 }
 
+/// A rayon pool of `threads` threads for one measurement.
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool")
+}
+
 /// Peak f32 FMA throughput with `threads` threads in GFLOP/s (each thread
 /// runs the one-core loop; the sum of their rates).
 pub fn fma_peak(threads: usize) -> f64 {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("thread pool");
+    let pool = pool(threads);
     (0..5)
         .map(|_| {
             pool.install(|| {
@@ -60,10 +65,7 @@ pub fn fma_peak(threads: usize) -> f64 {
 /// 3 arrays of traffic per pass, best of several passes, `threads` threads.
 pub fn triad_bandwidth(threads: usize) -> f64 {
     let n = 16 << 20;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("thread pool");
+    let pool = pool(threads);
     pool.install(|| {
         let mut a = vec![0.0f32; n];
         let b = vec![1.0f32; n];
@@ -95,10 +97,7 @@ pub fn triad_bandwidth(threads: usize) -> f64 {
 /// hardware moves 4 (the written lines are read first).
 pub fn read_bandwidth(threads: usize) -> f64 {
     let n = 64 << 20;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("thread pool");
+    let pool = pool(threads);
     pool.install(|| {
         let a: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
         let chunk = n / threads.max(1) / 8;

@@ -268,10 +268,8 @@ pub fn kv_rows<'a, T: CpuElement>(
     d: usize,
     scratch: &'a mut [f32],
 ) -> (&'a [f32], usize) {
-    if let Some(f) = T::as_f32(src) {
-        if let Some(rows) = typed_rows(f, view, (b, g), (j0, n), d) {
-            return rows;
-        }
+    if let Some(rows) = f32_rows(src, view, (b, g), (j0, n), d) {
+        return rows;
     }
     for j in 0..n {
         gather_row(
@@ -296,12 +294,18 @@ pub fn kv_rows_again<'a, T: CpuElement>(
     d: usize,
     scratch: &'a [f32],
 ) -> (&'a [f32], usize) {
-    if let Some(f) = T::as_f32(src) {
-        if let Some(rows) = typed_rows(f, view, (b, g), (j0, n), d) {
-            return rows;
-        }
-    }
-    (&scratch[..n * d], d)
+    f32_rows(src, view, (b, g), (j0, n), d).unwrap_or((&scratch[..n * d], d))
+}
+
+/// The rows in place when the tensor is f32 with contiguous rows.
+fn f32_rows<'a, T: CpuElement>(
+    src: &'a [T],
+    view: &View,
+    g: (usize, usize),
+    keys: (usize, usize),
+    d: usize,
+) -> Option<(&'a [f32], usize)> {
+    T::as_f32(src).and_then(|f| typed_rows(f, view, g, keys, d))
 }
 
 /// Asks the memory system for rows `j0..j0+n` (batch `b`, head `g`) of a K

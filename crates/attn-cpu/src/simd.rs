@@ -149,6 +149,32 @@ pub fn reduce16(m: &[V; 16]) -> V {
     }
 }
 
+/// The first two levels of [`reduce16`] and [`reduce_quads`]: `u[i]`
+/// holds, per 128-bit lane, the in-lane sums of vectors `4i..4i+4`
+/// (`(x0 + x2) + (x1 + x3)` of each lane's 4 floats): a 32-bit interleave
+/// then a 64-bit shuffle, each followed by an add.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+#[target_feature(enable = "avx512f")]
+unsafe fn in_lane_sums(m: &[V; 16]) -> [std::arch::x86_64::__m512; 4] {
+    use std::arch::x86_64::*;
+    let r: [__m512; 16] = m.map(Into::into);
+    // t[i]: per 128-bit lane [a0+a2, b0+b2, a1+a3, b1+b3] of vectors 2i, 2i+1.
+    let t: [__m512; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[2 * i], r[2 * i + 1]);
+        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+    });
+    std::array::from_fn(|i| {
+        let (a, b) = (t[2 * i], t[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(a, b),
+            _mm512_shuffle_ps::<0xEE>(a, b),
+        )
+    })
+}
+
 /// The AVX-512 body of [`reduce16`]. Each level adds pairs of vectors after
 /// interleaving them, halving the vectors and doubling the keys each one
 /// carries: 32-bit interleave (2 keys per 128-bit lane), 64-bit shuffle (4
@@ -161,20 +187,8 @@ pub fn reduce16(m: &[V; 16]) -> V {
 #[target_feature(enable = "avx512f")]
 unsafe fn reduce16_avx512(m: &[V; 16]) -> V {
     use std::arch::x86_64::*;
-    let r: [__m512; 16] = m.map(Into::into);
-    // t[i]: per 128-bit lane [a0+a2, b0+b2, a1+a3, b1+b3] of keys 2i, 2i+1.
-    let t: [__m512; 8] = std::array::from_fn(|i| {
-        let (a, b) = (r[2 * i], r[2 * i + 1]);
-        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
-    });
-    // u[i]: per 128-bit lane the in-lane sums of keys 4i..4i+4.
-    let u: [__m512; 4] = std::array::from_fn(|i| {
-        let (a, b) = (t[2 * i], t[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(a, b),
-            _mm512_shuffle_ps::<0xEE>(a, b),
-        )
-    });
+    // SAFETY: this function's caller guarantees AVX-512F.
+    let u = unsafe { in_lane_sums(m) };
     // w[i]: keys 8i..8i+4 in lanes 0 and 1 (two partial sums each), keys
     // 8i+4..8i+8 in lanes 2 and 3.
     let w: [__m512; 2] = std::array::from_fn(|i| {
@@ -225,20 +239,9 @@ pub fn reduce_quads(m: &[V; 16]) -> [V; 4] {
 #[target_feature(enable = "avx512f")]
 unsafe fn reduce_quads_avx512(m: &[V; 16]) -> [V; 4] {
     use std::arch::x86_64::*;
-    let r: [__m512; 16] = m.map(Into::into);
-    // t[i], per lane: [a0+a2, b0+b2, a1+a3, b1+b3] of keys 2i, 2i+1.
-    let t: [__m512; 8] = std::array::from_fn(|i| {
-        let (a, b) = (r[2 * i], r[2 * i + 1]);
-        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
-    });
     // u[i], lane r: row r's sums of keys 4i..4i+4.
-    let u: [__m512; 4] = std::array::from_fn(|i| {
-        let (a, b) = (t[2 * i], t[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(a, b),
-            _mm512_shuffle_ps::<0xEE>(a, b),
-        )
-    });
+    // SAFETY: this function's caller guarantees AVX-512F.
+    let u = unsafe { in_lane_sums(m) };
     // x: lanes 0-1 of u0 and u1 (then 2-3); y: the same of u2 and u3.
     let x0 = _mm512_shuffle_f32x4::<0x44>(u[0], u[1]);
     let x1 = _mm512_shuffle_f32x4::<0xEE>(u[0], u[1]);
