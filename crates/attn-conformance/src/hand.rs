@@ -213,6 +213,19 @@ pub fn split_kv_cases() -> Vec<Case> {
             out.push(Case::build(params));
         }
     }
+    // A NaN query element on one head: its row (and only its row) must
+    // come out NaN through the partial-state merge, also where some key
+    // chunks of the window see no key.
+    let mut params = CaseParams::plain(Shape::new(1, 8, 2, 1, 3500, 64));
+    params.options = AttnOptions::default()
+        .window(Some(1500), Some(0))
+        .with_lse();
+    params.seed = 11;
+    let mut nan = Case::build(params);
+    if let HostData::F32(q) = &mut nan.q {
+        q[3 * 64 + 5] = f32::NAN;
+    }
+    out.push(nan);
     out
 }
 

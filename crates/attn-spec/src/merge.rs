@@ -6,7 +6,8 @@
 //! `w = exp(l - m)`, the merged row is `(w_a o_a + w_b o_b) / (w_a + w_b)`
 //! and its log-sum-exp `m + ln(w_a + w_b)`. A part with `l = -inf` saw no
 //! key and contributes nothing; two such parts give output 0 and `-inf`,
-//! never NaN. A sink must be counted in exactly one part.
+//! never NaN, while a NaN log-sum-exp in either part makes the row NaN. A
+//! sink must be counted in exactly one part.
 
 use crate::error::{AttnError, Result};
 
@@ -38,7 +39,14 @@ pub fn merge_states(o_a: &mut [f32], lse_a: &mut [f32], o_b: &[f32], lse_b: &[f3
     }
     for r in 0..rows {
         let (la, lb) = (lse_a[r], lse_b[r]);
-        let m = la.max(lb);
+        // `f32::max` returns the other operand for a NaN one, which would
+        // turn a NaN part merged with an empty one into (0, -inf): NaN must
+        // propagate (docs/SEMANTICS.md section 6).
+        let m = if la.is_nan() || lb.is_nan() {
+            f32::NAN
+        } else {
+            la.max(lb)
+        };
         let oa = &mut o_a[r * dim..(r + 1) * dim];
         let ob = &o_b[r * dim..(r + 1) * dim];
         if m == f32::NEG_INFINITY {
@@ -81,6 +89,23 @@ mod tests {
         merge_states(&mut o, &mut l, &[f32::NAN], &[f32::NEG_INFINITY]).unwrap();
         assert_eq!(o, vec![0.0]);
         assert_eq!(l, vec![f32::NEG_INFINITY]);
+    }
+
+    #[test]
+    fn a_nan_part_makes_the_row_nan_even_against_an_empty_one() {
+        for (la, lb) in [
+            (f32::NAN, f32::NEG_INFINITY),
+            (f32::NEG_INFINITY, f32::NAN),
+            (0.0, f32::NAN),
+        ] {
+            let mut o = vec![1.0, 2.0];
+            let mut l = vec![la];
+            merge_states(&mut o, &mut l, &[3.0, 4.0], &[lb]).unwrap();
+            assert!(
+                o.iter().all(|x| x.is_nan()) && l[0].is_nan(),
+                "{la} {lb}: {o:?} {l:?}"
+            );
+        }
     }
 
     #[test]
