@@ -1,6 +1,9 @@
 //! Quick throughput probe for kernel work: `cargo run -p attn-benches
-//! --release --example perf -- [threads]`. The benchmark report proper is
-//! `cargo xtask bench`.
+//! --release --example perf -- [threads] [case filter]`. The benchmark
+//! report proper is `cargo xtask bench`. Environment: `REPS` (best of,
+//! default 5), `KV` (another key count), `BHSD` (head-major layout),
+//! `BIAS` (an f32 additive bias of shape (batch, heads, q_len, kv_len)),
+//! `NO_PEAK`, `BW` (also measure the triad bandwidth).
 
 use attn::{Backend, Inputs};
 use attn_benches::machine::fma_peak_per_core;
@@ -45,6 +48,21 @@ fn main() {
             case.problem()
         };
         let [q, k, v] = case.data();
+        // BIAS: a full additive bias (small values), to time the per-element path.
+        let bias = std::env::var_os("BIAS").map(|_| {
+            let dims = [case.batch, case.q_heads, case.q_len, case.kv_len];
+            let n = dims.iter().product::<usize>();
+            let vals = (0..n).map(|i| (i % 13) as f32 * 0.01).collect();
+            (attn::View::contiguous(dims), attn::HostData::F32(vals))
+        });
+        let p = match &bias {
+            Some((view, _)) => p.with_bias(*view, attn::DType::F32),
+            None => p,
+        };
+        let inputs = Inputs {
+            bias: bias.as_ref().map(|b| &b.1),
+            ..Inputs::new(&q, &k, &v)
+        };
         let mut out = cpu.zeros(p.dtype, p.out.extent().unwrap()).unwrap();
         let mut best = f64::MAX;
         for _ in 0..std::env::var("REPS")
@@ -53,8 +71,7 @@ fn main() {
             .unwrap_or(5)
         {
             let t = Instant::now();
-            cpu.forward_into(&p, Inputs::new(&q, &k, &v), &mut out, None)
-                .unwrap();
+            cpu.forward_into(&p, inputs, &mut out, None).unwrap();
             best = best.min(t.elapsed().as_secs_f64());
         }
         let gf = case.flops() / best / 1e9;

@@ -12,6 +12,7 @@
 //! path; the per-element terms (soft-cap, ALiBi, bias, boolean mask,
 //! boundary masks) are applied row by row, which is cheap with so few rows.
 
+use crate::bias::RowRun;
 use crate::blocking::{DECODE_KEYS as KEYS, LANES};
 use crate::element::CpuElement;
 use crate::exp::exp2;
@@ -348,14 +349,19 @@ fn transform_row<T>(ctx: &Ctx<'_, T>, item: &Item, r: usize, j0: usize, s: &mut 
         if !range.contains(&jg) {
             t = f32::NEG_INFINITY;
         }
-        if let Some((b, view)) = &ctx.bias {
-            t += (b.get(view.index([item.b, h, pos, jg])) as f32) * LOG2_E;
-        }
-        if let Some((m, view)) = &ctx.mask {
-            if !m[view.index([item.b, h, pos, jg])] {
-                t = f32::NEG_INFINITY;
-            }
-        }
         *x = t;
+    }
+    let n = s.len();
+    let mut run = RowRun {
+        at: (item.b, h, pos),
+        keys: (j0, n),
+        s,
+        stride: 1,
+    };
+    if let Some(bias) = ctx.bias {
+        run.add_bias(bias);
+    }
+    if let Some(mask) = ctx.mask {
+        run.apply_mask(mask);
     }
 }

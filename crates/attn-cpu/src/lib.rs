@@ -15,6 +15,7 @@
 //! `work.rs` (cutting a problem into blocks), `schedule.rs` (threads),
 //! `linear.rs` (projections through the `gemm` crate).
 
+mod bias;
 mod blocking;
 mod decode;
 mod element;

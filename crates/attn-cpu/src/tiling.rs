@@ -22,6 +22,7 @@
 //! mask), go through [`transform`]. On those tiles the kernels run only on
 //! the vectors of rows that see each part of the tile (`parts.rs`).
 
+use crate::bias::{add_bias_block, RowRun};
 use crate::blocking::{mr, share, KEYS, LANES, PREFETCH_SPAN_BYTES};
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, pv_part, scores, scores_part};
@@ -449,19 +450,25 @@ fn transform<T, const NV: usize>(
     if ctx.bias.is_none() && ctx.mask.is_none() {
         return;
     }
-    for r in 0..item.rows() {
+    let at = |r: usize| {
         let (pos, h) = item.row(r);
-        for j in 0..n {
-            let jg = j0 + j;
-            let at = j * w + r;
-            if let Some((b, view)) = &ctx.bias {
-                st[at] += (b.get(view.index([item.b, h, pos, jg])) as f32) * LOG2_E;
+        (item.b, h, pos)
+    };
+    if let Some(bias) = ctx.bias {
+        for r0 in (0..item.rows()).step_by(LANES) {
+            let rows: Vec<_> = (r0..item.rows().min(r0 + LANES)).map(at).collect();
+            add_bias_block(bias, &rows, (j0, n), &mut st[r0..], w);
+        }
+    }
+    if let Some(mask) = ctx.mask {
+        for r in 0..item.rows() {
+            RowRun {
+                at: at(r),
+                keys: (j0, n),
+                s: &mut st[r..],
+                stride: w,
             }
-            if let Some((m, view)) = &ctx.mask {
-                if !m[view.index([item.b, h, pos, jg])] {
-                    st[at] = f32::NEG_INFINITY;
-                }
-            }
+            .apply_mask(mask);
         }
     }
 }
