@@ -3,6 +3,8 @@
 //! report proper is `cargo xtask bench`. Environment: `REPS` (best of,
 //! default 5), `KV` (another key count), `BHSD` (head-major layout),
 //! `BIAS` (an f32 additive bias of shape (batch, heads, q_len, kv_len)),
+//! `MASK` (a boolean mask of shape (batch, 1, q_len, kv_len), broadcast
+//! over the heads),
 //! `NO_PEAK`, `BW` (also measure the triad bandwidth).
 
 use attn::{Backend, Inputs};
@@ -59,8 +61,25 @@ fn main() {
             Some((view, _)) => p.with_bias(*view, attn::DType::F32),
             None => p,
         };
+        // MASK: a boolean mask shared by the heads, every seventh key left out.
+        let mask = std::env::var_os("MASK").map(|_| {
+            let dims = [case.batch, 1, case.q_len, case.kv_len];
+            let n = dims.iter().product::<usize>();
+            let mut view = attn::View::contiguous(dims);
+            view.dims[1] = case.q_heads;
+            view.strides[1] = 0;
+            (
+                view,
+                attn::HostData::Bool((0..n).map(|i| i % 7 != 3).collect()),
+            )
+        });
+        let p = match &mask {
+            Some((view, _)) => p.with_mask(*view),
+            None => p,
+        };
         let inputs = Inputs {
             bias: bias.as_ref().map(|b| &b.1),
+            mask: mask.as_ref().map(|m| &m.1),
             ..Inputs::new(&q, &k, &v)
         };
         let mut out = cpu.zeros(p.dtype, p.out.extent().unwrap()).unwrap();
