@@ -22,7 +22,7 @@
 //! mask), go through [`transform`]. On those tiles the kernels run only on
 //! the vectors of rows that see each part of the tile (`parts.rs`).
 
-use crate::bias::{add_bias_block, RowRun};
+use crate::bias::{add_bias_block, apply_mask_block};
 use crate::blocking::{mr, share, KEYS, LANES, PREFETCH_SPAN_BYTES};
 use crate::element::CpuElement;
 use crate::microkernel::{dispatch_m, pv, pv_part, scores, scores_part};
@@ -461,14 +461,9 @@ fn transform<T, const NV: usize>(
         }
     }
     if let Some(mask) = ctx.mask {
-        for r in 0..item.rows() {
-            RowRun {
-                at: at(r),
-                keys: (j0, n),
-                s: &mut st[r..],
-                stride: w,
-            }
-            .apply_mask(mask);
+        for r0 in (0..item.rows()).step_by(LANES) {
+            let rows: Vec<_> = (r0..item.rows().min(r0 + LANES)).map(at).collect();
+            apply_mask_block(mask, &rows, (j0, n), &mut st[r0..], w);
         }
     }
 }
