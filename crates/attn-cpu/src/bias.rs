@@ -37,81 +37,22 @@ pub fn add_bias_block(
     st: &mut [f32],
     w: usize,
 ) {
-    fn go<E: CpuElement>(
-        src: &[E],
-        bias: (&HostData, View),
-        rows: &[(usize, usize, usize)],
-        (j0, n): (usize, usize),
-        st: &mut [f32],
-        w: usize,
-    ) {
-        let view = bias.1;
-        let whole = if view.strides[3] == 1 {
-            n / LANES * LANES
-        } else {
-            0
-        };
-        if whole > 0 {
-            let first: [usize; LANES] = std::array::from_fn(|i| {
-                rows.get(i)
-                    .map_or(0, |&(b, h, pos)| view.index([b, h, pos, j0]))
-            });
-            for &f in &first[..rows.len()] {
-                assert!(f + whole <= src.len());
-            }
-            assert!((whole - 1) * w + LANES <= st.len());
-            let log2e = V::splat(LOG2_E);
-            for c0 in (0..whole).step_by(LANES) {
-                let blk: [V; LANES] = std::array::from_fn(|i| {
-                    if i < rows.len() {
-                        // SAFETY: first[i] + c0 + 16 <= first[i] + whole <=
-                        // src.len() (asserted above).
-                        unsafe { E::load16(src.as_ptr().add(first[i] + c0)) }
-                    } else {
-                        V::ZERO
-                    }
-                });
-                let t = transpose16(blk);
-                for (k, &x) in t.iter().enumerate() {
-                    // SAFETY: (c0 + k) * w + 16 <= (whole - 1) * w + 16 <=
-                    // st.len() (asserted above).
-                    unsafe {
-                        let p = st.as_mut_ptr().add((c0 + k) * w);
-                        store(p, load(p) + x * log2e);
-                    }
-                }
-            }
-        }
-        runs(bias, rows, (j0, n), whole, st, w);
+    fn go<E: CpuElement>(src: &[E], bias: (&HostData, View), rows: &Rows, st: &mut [f32]) {
+        let log2e = V::splat(LOG2_E);
+        // SAFETY: `squares` asks only for 16 elements from an index whose
+        // 16th is inside the buffer of `src.len()` elements.
+        let load_row = |at: usize| unsafe { E::load16(src.as_ptr().add(at)) };
+        let whole = squares(bias.1, rows, src.len(), st, (V::ZERO, load_row), |x, s| {
+            s + x * log2e
+        });
+        rows.runs(whole, st, |run| run.add_bias(bias));
     }
-    /// Keys `j0 + from..j0 + n` of every row, a [`RowRun`] each.
-    fn runs(
-        bias: (&HostData, View),
-        rows: &[(usize, usize, usize)],
-        (j0, n): (usize, usize),
-        from: usize,
-        st: &mut [f32],
-        w: usize,
-    ) {
-        if from == n {
-            return;
-        }
-        for (i, &at) in rows.iter().enumerate() {
-            RowRun {
-                at,
-                keys: (j0 + from, n - from),
-                s: &mut st[from * w + i..],
-                stride: w,
-            }
-            .add_bias(bias);
-        }
-    }
-    assert!(rows.len() <= LANES);
+    let rows = Rows::new(rows, (j0, n), w);
     match bias.0 {
-        HostData::F32(v) => go(v, bias, rows, (j0, n), st, w),
-        HostData::F16(v) => go(v, bias, rows, (j0, n), st, w),
-        HostData::Bf16(v) => go(v, bias, rows, (j0, n), st, w),
-        _ => runs(bias, rows, (j0, n), 0, st, w),
+        HostData::F32(v) => go(v, bias, &rows, st),
+        HostData::F16(v) => go(v, bias, &rows, st),
+        HostData::Bf16(v) => go(v, bias, &rows, st),
+        _ => rows.runs(0, st, |run| run.add_bias(bias)),
     }
 }
 
@@ -133,53 +74,109 @@ pub fn apply_mask_block(
     st: &mut [f32],
     w: usize,
 ) {
-    assert!(rows.len() <= LANES);
+    let rows = Rows::new(rows, (j0, n), w);
+    let ninf = V::splat(f32::NEG_INFINITY);
+    let load_row = |at: usize| {
+        let m = &mask[at..at + LANES];
+        V::from(std::array::from_fn::<f32, LANES, _>(|l| {
+            f32::from(u8::from(m[l]))
+        }))
+    };
+    // Lanes of no row read as "keep" and keep their scores.
+    let whole = squares(
+        view,
+        &rows,
+        mask.len(),
+        st,
+        (V::ONE, load_row),
+        |keep, s| keep.simd_eq(V::ZERO).select(ninf, s),
+    );
+    rows.runs(whole, st, |run| run.apply_mask((mask, view)));
+}
+
+/// Up to 16 query rows (`(batch, head, position)` of lanes 0, 1, ...) and
+/// the keys `j0..j0+n` of a transposed score tile whose lane 0 of key
+/// `j0 + j` is `st[j * w]`.
+struct Rows<'r> {
+    at: &'r [(usize, usize, usize)],
+    keys: (usize, usize),
+    w: usize,
+}
+
+impl<'r> Rows<'r> {
+    fn new(at: &'r [(usize, usize, usize)], keys: (usize, usize), w: usize) -> Self {
+        assert!(at.len() <= LANES);
+        Rows { at, keys, w }
+    }
+
+    /// Calls `f` on each row's run of the keys from `j0 + from` on.
+    fn runs(&self, from: usize, st: &mut [f32], mut f: impl FnMut(&mut RowRun<'_>)) {
+        let (j0, n) = self.keys;
+        if from == n {
+            return;
+        }
+        for (i, &at) in self.at.iter().enumerate() {
+            f(&mut RowRun {
+                at,
+                keys: (j0 + from, n - from),
+                s: &mut st[from * self.w + i..],
+                stride: self.w,
+            });
+        }
+    }
+}
+
+/// Walks the whole 16 x 16 squares of a `(batch, head, q_len, kv_len)`
+/// tensor (`view`, a buffer of `len` elements) over `rows`, when each row's
+/// keys are contiguous: `load_row(at)` reads a row's 16 elements from
+/// index `at` as a vector (lanes of no row get `fill`), the square is
+/// transposed onto the keys' vectors and each key's scores become
+/// `apply(value, score)`. Returns how many keys it covered (a multiple of
+/// 16; 0 when the keys are not contiguous).
+fn squares(
+    view: View,
+    rows: &Rows<'_>,
+    len: usize,
+    st: &mut [f32],
+    (fill, load_row): (V, impl Fn(usize) -> V),
+    apply: impl Fn(V, V) -> V,
+) -> usize {
+    let (j0, n) = rows.keys;
     let whole = if view.strides[3] == 1 {
         n / LANES * LANES
     } else {
         0
     };
-    if whole > 0 {
-        let first: [usize; LANES] = std::array::from_fn(|i| {
-            rows.get(i)
-                .map_or(0, |&(b, h, pos)| view.index([b, h, pos, j0]))
+    if whole == 0 {
+        return 0;
+    }
+    let first: [usize; LANES] = std::array::from_fn(|i| {
+        rows.at
+            .get(i)
+            .map_or(0, |&(b, h, pos)| view.index([b, h, pos, j0]))
+    });
+    for &f in &first[..rows.at.len()] {
+        assert!(f + whole <= len);
+    }
+    assert!((whole - 1) * rows.w + LANES <= st.len());
+    for c0 in (0..whole).step_by(LANES) {
+        let blk: [V; LANES] = std::array::from_fn(|i| {
+            if i < rows.at.len() {
+                load_row(first[i] + c0)
+            } else {
+                fill
+            }
         });
-        assert!((whole - 1) * w + LANES <= st.len());
-        let ninf = V::splat(f32::NEG_INFINITY);
-        for c0 in (0..whole).step_by(LANES) {
-            let blk: [V; LANES] = std::array::from_fn(|i| {
-                if i < rows.len() {
-                    let m = &mask[first[i] + c0..first[i] + c0 + LANES];
-                    V::from(std::array::from_fn::<f32, LANES, _>(|l| {
-                        f32::from(u8::from(m[l]))
-                    }))
-                } else {
-                    // Lanes of no row keep their scores.
-                    V::ONE
-                }
-            });
-            let t = transpose16(blk);
-            for (k, &keep) in t.iter().enumerate() {
-                // SAFETY: (c0 + k) * w + 16 <= (whole - 1) * w + 16 <=
-                // st.len() (asserted above).
-                unsafe {
-                    let p = st.as_mut_ptr().add((c0 + k) * w);
-                    store(p, keep.simd_eq(V::ZERO).select(ninf, load(p)));
-                }
+        for (k, &x) in transpose16(blk).iter().enumerate() {
+            // SAFETY: (c0 + k) * w + 16 <= (whole - 1) * w + 16 <= st.len()
+            // (asserted above).
+            unsafe {
+                let p = st.as_mut_ptr().add((c0 + k) * rows.w);
+                store(p, apply(x, load(p)));
             }
         }
     }
-    if whole < n {
-        for (i, &at) in rows.iter().enumerate() {
-            RowRun {
-                at,
-                keys: (j0 + whole, n - whole),
-                s: &mut st[whole * w + i..],
-                stride: w,
-            }
-            .apply_mask((mask, view));
-        }
-    }
+    whole
 }
 
 /// The query row `(batch, head, position)` whose keys `j0..j0+n` a pass
