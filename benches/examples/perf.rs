@@ -31,6 +31,11 @@ fn main() {
         );
     }
     let cpu = attn_cpu::Cpu::with_threads(threads).unwrap();
+    println!(
+        "attn-cpu SIMD level: {} (this CPU: {}; ATTN_CPU_ISA caps it)",
+        cpu.isa().unwrap(),
+        attn_cpu::Isa::detected()
+    );
     let kv: Option<usize> = std::env::var("KV").ok().and_then(|k| k.parse().ok());
     // A filter ending in '$' names one case exactly.
     let matches = |name: &str| match filter.strip_suffix('$') {

@@ -1,31 +1,101 @@
 //! The machine's roofline, measured: FMA peak (a SIMD microbenchmark with
 //! enough independent accumulators to fill both FMA pipes) and memory
 //! bandwidth (a STREAM-like triad over arrays far larger than the caches).
-//! Reports divide by these, so "percent of peak" means this machine, this
-//! build.
+//! Reports divide by these, so "percent of peak" means this machine: the
+//! FMA loop runs on the widest vectors the CPU has (detected at run time,
+//! as attn-cpu's kernels are), whatever the build's target features.
 
 use rayon::prelude::*;
 use std::hint::black_box;
 use std::time::Instant;
-use wide::f32x16;
 
 /// Chains of FMAs in flight: 4-cycle latency x 2 pipes needs 8; more
-/// hides any scheduling slack.
-const CHAINS: usize = 24;
+/// hides any scheduling slack. 12 registers of accumulators fit AVX2's 16
+/// (and AVX-512's 32 with room to spare).
+const CHAINS: usize = 12;
 
+/// FLOP/s of `iters` rounds of `CHAINS` independent FMAs on the widest
+/// vectors this CPU runs.
 fn fma_loop(iters: usize) -> f64 {
-    let a = f32x16::splat(0.999_999_9);
-    let b = f32x16::splat(1e-7);
-    let mut acc = [f32x16::splat(1.0); CHAINS];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU runs AVX-512F (checked).
+            return unsafe { x86::fma_loop_avx512(iters) };
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU runs AVX2 and FMA (checked).
+            return unsafe { x86::fma_loop_avx2(iters) };
+        }
+    }
+    fma_loop_portable(iters)
+}
+
+/// The FMA loop on `wide`'s baseline vectors (mul and add where the
+/// target has no FMA).
+fn fma_loop_portable(iters: usize) -> f64 {
+    use wide::f32x4;
+    let a = f32x4::splat(0.999_999_9);
+    let b = f32x4::splat(1e-7);
+    let mut acc = [f32x4::splat(1.0); CHAINS];
     let t = Instant::now();
+    // Opaque from here on: the loop cannot move before or after the clock.
+    black_box(&mut acc);
     for _ in 0..iters {
         for x in acc.iter_mut() {
             *x = x.mul_add(a, b);
         }
     }
     black_box(&acc);
-    let secs = t.elapsed().as_secs_f64();
-    (iters * CHAINS * 16 * 2) as f64 / secs
+    (iters * CHAINS * 4 * 2) as f64 / t.elapsed().as_secs_f64()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::CHAINS;
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    /// [`super::fma_loop`] on 256-bit registers.
+    ///
+    /// # Safety
+    /// The CPU must run AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn fma_loop_avx2(iters: usize) -> f64 {
+        let (a, b) = (_mm256_set1_ps(0.999_999_9), _mm256_set1_ps(1e-7));
+        let mut acc = [_mm256_set1_ps(1.0); CHAINS];
+        let t = Instant::now();
+        // Opaque from here on: the loop cannot move before or after the clock.
+        black_box(&mut acc);
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        black_box(&acc);
+        (iters * CHAINS * 8 * 2) as f64 / t.elapsed().as_secs_f64()
+    }
+
+    /// [`super::fma_loop`] on 512-bit registers.
+    ///
+    /// # Safety
+    /// The CPU must run AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma_loop_avx512(iters: usize) -> f64 {
+        let (a, b) = (_mm512_set1_ps(0.999_999_9), _mm512_set1_ps(1e-7));
+        let mut acc = [_mm512_set1_ps(1.0); 2 * CHAINS];
+        let t = Instant::now();
+        // Opaque from here on: the loop cannot move before or after the clock.
+        black_box(&mut acc);
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, a, b);
+            }
+        }
+        black_box(&acc);
+        (iters * 2 * CHAINS * 16 * 2) as f64 / t.elapsed().as_secs_f64()
+    }
 }
 
 /// Peak f32 FMA throughput of one core in GFLOP/s (best of several runs).

@@ -88,8 +88,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let m = measure();
     println!(
-        "machine: {} cores, FMA peak {:.1} GFLOP/s/core ({:.1} all), bandwidth {:.1} / {:.1} GB/s triad, {:.1} / {:.1} read, SIMD {} (available {})",
-        m.cores, m.peak_1, m.peak_all, m.bw_1, m.bw_all, m.read.0, m.read.1, attn_cpu::compiled_level(), attn_cpu::detected_level()
+        "machine: {} cores, FMA peak {:.1} GFLOP/s/core ({:.1} all), bandwidth {:.1} / {:.1} GB/s triad, {:.1} / {:.1} read, SIMD {} (CPU's widest {})",
+        m.cores, m.peak_1, m.peak_all, m.bw_1, m.bw_all, m.read.0, m.read.1, crate::machine::simd_level(), attn_cpu::Isa::detected()
     );
     let cases: Vec<&BenchCase> = SUITE
         .iter()

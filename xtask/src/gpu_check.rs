@@ -1,5 +1,6 @@
 //! `cargo xtask gpu-check`: builds attn-cuda's GPU test binaries and its
-//! benchmark for a portable CPU (`x86-64-v3`) and writes one self-contained
+//! benchmark (portable x86-64 binaries: the workspace sets no target CPU,
+//! and attn-cpu picks its SIMD level at run time) and writes one self-contained
 //! folder for a machine that has an NVIDIA GPU, its driver and PyTorch but
 //! no Rust toolchain. `bash run.sh` there runs the conformance suite on the
 //! GPU (`ATTN_REQUIRE_GPU=1`: a missing GPU fails), then times attn-cuda
@@ -133,14 +134,13 @@ if __name__ == "__main__":
     sys.exit(main())
 "#;
 
-/// Runs cargo with `args` for the portable target; returns the executables
+/// Runs cargo with `args` (release); returns the executables
 /// it built (test harnesses only when `tests_only`).
 fn cargo_json(args: &[&str], target_dir: &Path, tests_only: bool) -> Result<Vec<PathBuf>, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .args(args)
         .args(["--message-format=json", "--release"])
-        .env("RUSTFLAGS", "-C target-cpu=x86-64-v3")
         .env("CARGO_TARGET_DIR", target_dir)
         .current_dir(crate::root())
         .stderr(std::process::Stdio::inherit())

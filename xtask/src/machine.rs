@@ -80,7 +80,8 @@ fn cmd(program: &str, args: &[&str]) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn cpu_model() -> String {
+/// The CPU model from /proc/cpuinfo.
+pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -90,6 +91,15 @@ fn cpu_model() -> String {
                 .map(|m| m.trim().to_string())
         })
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// The SIMD level attn-cpu dispatches to in this process (`ATTN_CPU_ISA`
+/// may cap it), or the error that variable gives.
+pub fn simd_level() -> String {
+    match attn_cpu::Cpu::new().isa() {
+        Ok(isa) => isa.name().to_string(),
+        Err(e) => e.to_string(),
+    }
 }
 
 /// Measures the machine (about 10 seconds).
@@ -104,9 +114,8 @@ pub fn measure() -> Machine {
     let facts = json!({
         "cpu_model": cpu_model(),
         "cores": cores,
-        "simd_compiled": attn_cpu::compiled_level(),
-        "simd_available": attn_cpu::detected_level(),
-        "simd_warning": attn_cpu::simd_warning(),
+        "simd_dispatched": simd_level(),
+        "simd_available": attn_cpu::Isa::detected().name(),
         "fma_peak_gflops_per_core": peak_1,
         "fma_peak_gflops_all_cores": peak_all,
         "triad_bandwidth_gbs_1_thread": bw_1,
@@ -138,13 +147,10 @@ pub fn run_peak() -> Result<(), String> {
         m.facts["cpu_model"].as_str().unwrap_or("?")
     );
     println!(
-        "SIMD:       compiled {}, available {}",
-        attn_cpu::compiled_level(),
-        attn_cpu::detected_level()
+        "SIMD:       attn-cpu runs {} (this CPU's widest: {}; detected at run time)",
+        simd_level(),
+        attn_cpu::Isa::detected()
     );
-    if let Some(w) = attn_cpu::simd_warning() {
-        println!("warning:    {w}");
-    }
     println!(
         "FMA peak:   {:.1} GFLOP/s per core, {:.1} GFLOP/s on {} cores",
         m.peak_1, m.peak_all, m.cores

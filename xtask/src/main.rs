@@ -6,6 +6,7 @@ mod candle_cuda;
 mod charts;
 mod check;
 mod cuda;
+mod downstream;
 mod gpu_check;
 mod machine;
 mod report;
@@ -26,17 +27,22 @@ tasks:
            --out DIR          write the report to DIR instead of target/attn-bench
   test     the whole test suite: installs NVRTC and ptxas (PyPI wheels, into a virtualenv
            under ~/.cache/attn, once), runs `cargo test --workspace` with the NVRTC tests
-           required, then `cuda-check`
+           required, then attn-cpu's conformance suite again on every lower SIMD level this
+           CPU runs (ATTN_CPU_ISA=portable, avx2), then `cuda-check`
   cuda-setup  only the virtualenv of NVRTC and ptxas
   cuda-check  compile every CUDA kernel variant for sm_80 and sm_90 through NVRTC, print
            ptxas's registers, shared memory and spills per variant, fail on a spill in a
            main kernel (--quiet: main kernels only)
-  gpu-check   build attn-cuda's GPU tests and benchmark for x86-64-v3 and write a folder
+  gpu-check   build attn-cuda's GPU tests and benchmark (portable x86-64) and write a folder
            (target/gpu-check, or --out DIR) whose run.sh, on a machine with an NVIDIA GPU,
            its driver and PyTorch, runs the conformance suite on the GPU and compares
            attn-cuda with PyTorch's SDPA
   candle-cuda-lint  clippy on attn-candle with its `cuda` feature (cuda_fwd), without the
            CUDA toolkit: a stand-in nvcc lets candle-kernels' build script pass
+  downstream  build crates/attn/examples/downstream.rs in this workspace and as a fresh
+           crate outside it (plain `cargo build --release`, as a user's build), time both on
+           1 thread, fail when a case runs below --min (default 0.95) of the workspace's speed
+           or the two run different SIMD levels (--rounds N, default 3)
   peak     measure and print the FMA peak and memory bandwidth only
   verify   run the conformance suite on every backend available on this machine
            --cases N          generated cases per backend (default 256)";
@@ -47,6 +53,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("bench") => bench::run(rest),
         Some("peak") => machine::run_peak(),
+        Some("downstream") => downstream::run(rest),
         Some("verify") => verify::run(rest),
         Some("test") => test(rest),
         Some("cuda-setup") => cuda::setup().map(|v| println!("cuda-setup: {}", v.display())),
@@ -82,6 +89,26 @@ fn test(args: &[String]) -> Result<(), String> {
         .map_err(|e| format!("cargo test: {e}"))?;
     if !st.success() {
         return Err("cargo test --workspace failed".into());
+    }
+    // The workspace run tested attn-cpu on the widest level this CPU has
+    // (its unit tests cover every level already); the conformance suite,
+    // the thread-count test and the rest of tests/conformance.rs run
+    // again on each lower level, forced through ATTN_CPU_ISA.
+    let best = attn_cpu::Isa::detected();
+    for isa in attn_cpu::Isa::ALL.into_iter().filter(|&l| l < best) {
+        println!("== attn-cpu conformance on SIMD level {isa} (ATTN_CPU_ISA={isa})");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let st = std::process::Command::new(cargo)
+            .args(["test", "-p", "attn-cpu", "--test", "conformance"])
+            .env("ATTN_CPU_ISA", isa.name())
+            .current_dir(root())
+            .status()
+            .map_err(|e| format!("cargo test: {e}"))?;
+        if !st.success() {
+            return Err(format!(
+                "attn-cpu's conformance suite failed on level {isa}"
+            ));
+        }
     }
     cuda::check(&["--quiet".to_string()])
 }

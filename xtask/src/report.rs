@@ -134,8 +134,8 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
         ("CPU", text("cpu_model")),
         ("cores", m.cores.to_string()),
         (
-            "SIMD compiled / available",
-            format!("{} / {}", text("simd_compiled"), text("simd_available")),
+            "SIMD level run / CPU's widest (run-time dispatch)",
+            format!("{} / {}", text("simd_dispatched"), text("simd_available")),
         ),
         (
             "FMA peak (f32)",

@@ -13,7 +13,7 @@
 
 use crate::blocking::LANES;
 use crate::element::CpuElement;
-use crate::simd::{load, store, transpose16, V};
+use crate::simd::{load, store, Vector};
 use attn_spec::{HostData, View};
 use std::f32::consts::LOG2_E;
 
@@ -30,18 +30,25 @@ use std::f32::consts::LOG2_E;
 /// without a bias; S = 512, d = 64 causal: 7.3-7.5, 4.1-4.3 and 3.3 ms.
 /// Other runs (keys not contiguous), an f64 bias and the keys past the
 /// last whole 16 go through [`RowRun`]; the result is the same to the bit.
-pub fn add_bias_block(
+#[inline(always)]
+pub fn add_bias_block<V: Vector>(
     bias: (&HostData, View),
     rows: &[(usize, usize, usize)],
     (j0, n): (usize, usize),
     st: &mut [f32],
     w: usize,
 ) {
-    fn go<E: CpuElement>(src: &[E], bias: (&HostData, View), rows: &Rows, st: &mut [f32]) {
+    #[inline(always)]
+    fn go<V: Vector, E: CpuElement>(
+        src: &[E],
+        bias: (&HostData, View),
+        rows: &Rows,
+        st: &mut [f32],
+    ) {
         let log2e = V::splat(LOG2_E);
         // SAFETY: `squares` asks only for 16 elements from an index whose
         // 16th is inside the buffer of `src.len()` elements.
-        let load_row = |at: usize| unsafe { E::load16(src.as_ptr().add(at)) };
+        let load_row = |at: usize| unsafe { E::load16::<V>(src.as_ptr().add(at)) };
         let whole = squares(bias.1, rows, src.len(), st, (V::ZERO, load_row), |x, s| {
             s + x * log2e
         });
@@ -49,9 +56,9 @@ pub fn add_bias_block(
     }
     let rows = Rows::new(rows, (j0, n), w);
     match bias.0 {
-        HostData::F32(v) => go(v, bias, &rows, st),
-        HostData::F16(v) => go(v, bias, &rows, st),
-        HostData::Bf16(v) => go(v, bias, &rows, st),
+        HostData::F32(v) => go::<V, _>(v, bias, &rows, st),
+        HostData::F16(v) => go::<V, _>(v, bias, &rows, st),
+        HostData::Bf16(v) => go::<V, _>(v, bias, &rows, st),
         _ => rows.runs(0, st, |run| run.add_bias(bias)),
     }
 }
@@ -67,7 +74,8 @@ pub fn add_bias_block(
 /// 2 processes each): S = 512, d = 64 causal 5.2-5.3 ms with row runs,
 /// 4.1-4.3 ms with squares (3.3 ms without a mask); S = 512, d = 128
 /// 12.9-14.9 and 12.3-12.7 ms (11.0 ms).
-pub fn apply_mask_block(
+#[inline(always)]
+pub fn apply_mask_block<V: Vector>(
     (mask, view): (&[bool], View),
     rows: &[(usize, usize, usize)],
     (j0, n): (usize, usize),
@@ -75,12 +83,12 @@ pub fn apply_mask_block(
     w: usize,
 ) {
     let rows = Rows::new(rows, (j0, n), w);
-    let ninf = V::splat(f32::NEG_INFINITY);
     let load_row = |at: usize| {
-        let m = &mask[at..at + LANES];
-        V::from(std::array::from_fn::<f32, LANES, _>(|l| {
-            f32::from(u8::from(m[l]))
-        }))
+        let mut x = [0.0f32; LANES];
+        for (y, &m) in x.iter_mut().zip(&mask[at..at + LANES]) {
+            *y = f32::from(u8::from(m));
+        }
+        V::from(x)
     };
     // Lanes of no row read as "keep" and keep their scores.
     let whole = squares(
@@ -89,7 +97,7 @@ pub fn apply_mask_block(
         mask.len(),
         st,
         (V::ONE, load_row),
-        |keep, s| keep.simd_eq(V::ZERO).select(ninf, s),
+        |keep: V, s: V| s.replace_where_eq(keep, 0.0, f32::NEG_INFINITY),
     );
     rows.runs(whole, st, |run| run.apply_mask((mask, view)));
 }
@@ -133,7 +141,8 @@ impl<'r> Rows<'r> {
 /// transposed onto the keys' vectors and each key's scores become
 /// `apply(value, score)`. Returns how many keys it covered (a multiple of
 /// 16; 0 when the keys are not contiguous).
-fn squares(
+#[inline(always)]
+fn squares<V: Vector>(
     view: View,
     rows: &Rows<'_>,
     len: usize,
@@ -160,19 +169,16 @@ fn squares(
     }
     assert!((whole - 1) * rows.w + LANES <= st.len());
     for c0 in (0..whole).step_by(LANES) {
-        let blk: [V; LANES] = std::array::from_fn(|i| {
-            if i < rows.at.len() {
-                load_row(first[i] + c0)
-            } else {
-                fill
-            }
-        });
-        for (k, &x) in transpose16(blk).iter().enumerate() {
+        let mut blk = [fill; LANES];
+        for (b, &f) in blk.iter_mut().zip(&first[..rows.at.len()]) {
+            *b = load_row(f + c0);
+        }
+        for (k, &x) in V::transpose16(blk).iter().enumerate() {
             // SAFETY: (c0 + k) * w + 16 <= (whole - 1) * w + 16 <= st.len()
             // (asserted above).
             unsafe {
                 let p = st.as_mut_ptr().add((c0 + k) * rows.w);
-                store(p, apply(x, load(p)));
+                store(p, apply(x, load::<V>(p)));
             }
         }
     }
@@ -240,6 +246,7 @@ impl RowRun<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simd::for_each_vector;
     use attn_spec::{bf16, f16};
 
     /// A `(2, 3, 4, 5)` view of a contiguous buffer, and one whose heads
@@ -294,6 +301,10 @@ mod tests {
 
     #[test]
     fn blocks_match_row_runs_to_the_bit() {
+        for_each_vector!(bias_blocks);
+    }
+
+    fn bias_blocks<V: Vector>() {
         let vals: Vec<f64> = (0..2 * 3 * 20 * 40)
             .map(|i| ((i * 37) % 101) as f64 / 9.0 - 5.0)
             .collect();
@@ -322,7 +333,7 @@ mod tests {
                         (0..nrows).map(|i| (i % 2, i % 3, (i * 7) % 20)).collect();
                     let st0: Vec<f32> = (0..n * w).map(|i| (i % 29) as f32 * 0.5 - 3.0).collect();
                     let mut got = st0.clone();
-                    add_bias_block((data, view), &rows, (j0, n), &mut got, w);
+                    add_bias_block::<V>((data, view), &rows, (j0, n), &mut got, w);
                     if n == 0 {
                         continue;
                     }
@@ -352,6 +363,10 @@ mod tests {
 
     #[test]
     fn mask_blocks_match_row_runs() {
+        for_each_vector!(mask_blocks);
+    }
+
+    fn mask_blocks<V: Vector>() {
         let mask: Vec<bool> = (0..2 * 3 * 20 * 40).map(|i| (i * 7) % 11 > 3).collect();
         let full = View::contiguous([2, 3, 20, 40]);
         let mut strided = View::contiguous([2, 3, 20, 20]);
@@ -364,7 +379,7 @@ mod tests {
                     (0..nrows).map(|i| (i % 2, i % 3, (i * 7) % 20)).collect();
                 let st0: Vec<f32> = (0..n * w).map(|i| (i % 29) as f32 * 0.5 - 3.0).collect();
                 let mut got = st0.clone();
-                apply_mask_block((&mask, view), &rows, (j0, n), &mut got, w);
+                apply_mask_block::<V>((&mask, view), &rows, (j0, n), &mut got, w);
                 let mut want = st0.clone();
                 for (i, &at) in rows.iter().enumerate() {
                     RowRun {

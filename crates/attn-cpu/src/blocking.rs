@@ -25,12 +25,12 @@
 //!   --example perf`, decode 32768 keys): 128 keys doubled the time (the
 //!   tiles no longer fit and the lockstep traversal is not taken), 32 was
 //!   no faster than 64.
-//! - [`mr`]: a microkernel keeps `mr x NV` accumulators. With 4 vectors of
-//!   rows, 6 keys (24 accumulators of 32 registers) cover the FMA latency
-//!   (4 cycles x 2 pipes = 8 chains) three times over and issue 6
-//!   broadcasts + 4 loads per 24 FMAs; with 1 vector, 12 keys give 12
-//!   chains. The calls of a triangular tile on 2 or 3 of the 4 vectors
-//!   keep 24 accumulators with 12 or 8 keys.
+//! - The microkernels' shapes (keys or value columns per call, `mr`, and
+//!   vectors of rows per call) belong to each SIMD level's register file
+//!   and live with it (`Vector::mr`, `Vector::KERNEL_VECS` in `simd/`):
+//!   AVX-512 keeps 24 of its 32 registers in accumulators (6 keys x 4
+//!   vectors, 12 x 1-2, 8 x 3), AVX2 12 of its 16 (6 keys x 1 vector of
+//!   two registers, 3 x 2), the portable level 12 of 16 on x86-64.
 //! - [`PREFETCH_SPAN_BYTES`] = 512 KiB: a prefill block prefetches the
 //!   next key tile's K and V rows into L2 while it computes a tile, unless
 //!   the K and V rows of its whole key span fit in half of a 1 MiB L2 and
@@ -72,16 +72,6 @@ pub const KEYS: usize = 128;
 
 /// Keys per step of the decode path.
 pub const DECODE_KEYS: usize = 64;
-
-/// Keys (for scores) or value columns (for `P V`) per microkernel call
-/// when a block has `nv` vectors of rows.
-pub const fn mr(nv: usize) -> usize {
-    match nv {
-        1 | 2 => 12,
-        3 => 8,
-        _ => 6,
-    }
-}
 
 /// A block whose K and V rows span at most this many bytes does not
 /// prefetch them (they are in L2 already).

@@ -18,7 +18,7 @@ use crate::element::CpuElement;
 use crate::exp::exp2;
 use crate::microkernel::decode as mk;
 use crate::pack::{gather_row, kv_rows, typed_rows, RowStream};
-use crate::simd::{load, store, V};
+use crate::simd::{load, store, Vector};
 use crate::softmax::finish_row;
 use crate::tiling::Ctx;
 use crate::work::Item;
@@ -54,7 +54,8 @@ pub struct DecodeState {
 
 impl DecodeState {
     /// The state of `item` before any key.
-    pub fn new<T: CpuElement>(ctx: &Ctx<'_, T>, item: &Item) -> Self {
+    #[inline(always)]
+    pub fn new<V: Vector, T: CpuElement>(ctx: &Ctx<'_, T>, item: &Item) -> Self {
         let p = ctx.p;
         let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
         assert!(item.rows() <= DECODE_ROWS);
@@ -68,10 +69,10 @@ impl DecodeState {
         for r in 0..item.rows() {
             let (pos, h) = item.row(r);
             let dst = &mut qd[r * qs..r * qs + dk];
-            gather_row(ctx.q, &p.q, [item.b, pos, h, 0], dk, dst);
+            gather_row::<V, T>(ctx.q, &p.q, [item.b, pos, h, 0], dk, dst);
             dst.iter_mut().for_each(|x| *x *= scale);
         }
-        let q4 = if mk::quad_ok(item.rows(), dk) {
+        let q4 = if mk::quad_ok::<V>(item.rows(), dk) {
             mk::quad_queries(&qd, qs, item.rows(), dk)
         } else {
             Vec::new()
@@ -98,7 +99,8 @@ impl DecodeState {
 /// own head's K and V rows; leaves the unnormalised output rows in
 /// `ws.orow` (row-major, `dv` apart) and returns each row's `(factor,
 /// lse)`.
-pub fn run_item<T: CpuElement>(
+#[inline(always)]
+pub fn run_item<V: Vector, T: CpuElement>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     ws: &mut Workspace,
@@ -106,7 +108,7 @@ pub fn run_item<T: CpuElement>(
 ) -> Vec<(f32, f32)> {
     let p = ctx.p;
     let dv = p.shape.head_dim_v;
-    let mut st = DecodeState::new(ctx, item);
+    let mut st = DecodeState::new::<V, T>(ctx, item);
     let mask = p.seq_mask(item.b);
     let span = mask.kv_span(item.positions());
     let (lo, hi) = (span.start.max(item.keys.start), span.end.min(item.keys.end));
@@ -115,7 +117,7 @@ pub fn run_item<T: CpuElement>(
         let n = KEYS.min(hi - j0);
         let class = mask.classify(item.positions(), j0..j0 + n);
         if class != TileClass::Skip {
-            tile(ctx, item, &mut st, ws, (j0, n, class), hi);
+            tile::<V, T>(ctx, item, &mut st, ws, (j0, n, class), hi);
         }
         j0 += n;
     }
@@ -168,7 +170,8 @@ const TILE_BYTES: usize = 512 * 1024;
 /// brings decoding towards memory bandwidth: a throwaway probe here read
 /// per-head 512-byte slices of rows 4 KiB apart at 6.7 GB/s per thread and
 /// contiguous rows at 18 GB/s. Returns each block's state.
-pub fn run_lockstep<T: CpuElement>(
+#[inline(always)]
+pub fn run_lockstep<V: Vector, T: CpuElement>(
     ctx: &Ctx<'_, T>,
     blocks: &[&Item],
     keys: std::ops::Range<usize>,
@@ -176,7 +179,10 @@ pub fn run_lockstep<T: CpuElement>(
 ) -> Vec<DecodeState> {
     let p = ctx.p;
     let b = blocks[0].b;
-    let mut states: Vec<DecodeState> = blocks.iter().map(|it| DecodeState::new(ctx, it)).collect();
+    let mut states: Vec<DecodeState> = blocks
+        .iter()
+        .map(|it| DecodeState::new::<V, T>(ctx, it))
+        .collect();
     let mask = p.seq_mask(b);
     let positions = blocks[0].positions();
     let span = mask.kv_span(positions.clone());
@@ -189,7 +195,7 @@ pub fn run_lockstep<T: CpuElement>(
             // Head after head over the same tile rows, so each tile's rows
             // are consumed whole while they are open.
             for (it, st) in blocks.iter().zip(states.iter_mut()) {
-                tile(ctx, it, st, ws, (j0, n, class), hi);
+                tile::<V, T>(ctx, it, st, ws, (j0, n, class), hi);
             }
         }
         j0 += n;
@@ -201,7 +207,8 @@ pub fn run_lockstep<T: CpuElement>(
 /// and V rows read in place in their own type when each row is contiguous
 /// (the kernels widen 16 elements at a time), else widened into the
 /// workspace first.
-fn tile<T: CpuElement>(
+#[inline(always)]
+fn tile<V: Vector, T: CpuElement>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     st: &mut DecodeState,
@@ -218,11 +225,11 @@ fn tile<T: CpuElement>(
         typed_rows(ctx.k, &p.k, g, (j0, n), dk),
         typed_rows(ctx.v, &p.v, g, (j0, n), dv),
     ) {
-        (Some(k), Some(v)) => step(ctx, item, st, &mut ws.sd, at, k, v, next),
+        (Some(k), Some(v)) => step::<V, T, T>(ctx, item, st, &mut ws.sd, at, k, v, next),
         _ => {
-            let k = kv_rows(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
-            let v = kv_rows(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
-            step(ctx, item, st, &mut ws.sd, at, k, v, next)
+            let k = kv_rows::<V, T>(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
+            let v = kv_rows::<V, T>(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
+            step::<V, T, f32>(ctx, item, st, &mut ws.sd, at, k, v, next)
         }
     }
 }
@@ -251,7 +258,8 @@ fn ahead<T: CpuElement>(
 /// terms, online softmax, `O = alpha O + P V`. `k` and `v` hold the tile's
 /// rows (`ks`, `vs` apart); the rows of `ahead` are prefetched alongside.
 #[allow(clippy::too_many_arguments)]
-fn step<T: CpuElement, E: CpuElement>(
+#[inline(always)]
+fn step<V: Vector, T: CpuElement, E: CpuElement>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     st: &mut DecodeState,
@@ -262,16 +270,17 @@ fn step<T: CpuElement, E: CpuElement>(
     ahead: (RowStream, RowStream),
 ) {
     match item.rows() {
-        1 => step_rows::<T, E, 1>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
-        2 => step_rows::<T, E, 2>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
-        3 => step_rows::<T, E, 3>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
-        _ => step_rows::<T, E, 4>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        1 => step_rows::<V, T, E, 1>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        2 => step_rows::<V, T, E, 2>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        3 => step_rows::<V, T, E, 3>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
+        _ => step_rows::<V, T, E, 4>(ctx, item, st, sd, (j0, n, class), (k, ks), (v, vs), ahead),
     }
 }
 
 /// [`step`] for a block of `R` rows.
 #[allow(clippy::too_many_arguments)]
-fn step_rows<T: CpuElement, E: CpuElement, const R: usize>(
+#[inline(always)]
+fn step_rows<V: Vector, T: CpuElement, E: CpuElement, const R: usize>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     st: &mut DecodeState,
@@ -286,9 +295,9 @@ fn step_rows<T: CpuElement, E: CpuElement, const R: usize>(
     debug_assert_eq!(item.rows(), R);
     let per_element = ctx.per_element();
     if st.q4.is_empty() {
-        mk::scores::<E, R>(&st.qd, st.qs, (k, ks), n, dk, (sd, KEYS), ahead.0);
+        mk::scores::<V, E, R>(&st.qd, st.qs, (k, ks), n, dk, (sd, KEYS), ahead.0);
     } else {
-        mk::scores_quad::<E, R>(&st.q4, (k, ks), n, dk, (sd, KEYS), ahead.0);
+        mk::scores_quad::<V, E, R>(&st.q4, (k, ks), n, dk, (sd, KEYS), ahead.0);
     }
     let mut alpha = [1.0f32; R];
     for (r, a) in alpha.iter_mut().enumerate() {
@@ -300,14 +309,14 @@ fn step_rows<T: CpuElement, E: CpuElement, const R: usize>(
         // The vector maximum may drop a NaN, so NaN is tracked apart: a
         // NaN score (or running maximum) makes the maximum NaN and with
         // it the whole row, as in the contract.
-        let (mut mv, mut nan) = (V::splat(st.m[r]), V::ZERO);
+        let (mut mv, mut nan) = (V::splat(st.m[r]), false);
         for c in 0..KV {
             // SAFETY: c * 16 + 16 <= KEYS = srow.len().
-            let x = unsafe { load(srow.as_ptr().add(c * LANES)) };
+            let x = unsafe { load::<V>(srow.as_ptr().add(c * LANES)) };
             mv = mv.fast_max(x);
-            nan |= x.is_nan();
+            nan |= x.any_nan();
         }
-        let mx = if nan.any() || st.m[r].is_nan() {
+        let mx = if nan || st.m[r].is_nan() {
             f32::NAN
         } else {
             mv.to_array().into_iter().fold(f32::NEG_INFINITY, f32::max)
@@ -317,7 +326,7 @@ fn step_rows<T: CpuElement, E: CpuElement, const R: usize>(
         let mut sum = V::ZERO;
         for c in 0..KV {
             // SAFETY: c * 16 + 16 <= KEYS = srow.len().
-            let e = exp2(unsafe { load(srow.as_ptr().add(c * LANES)) } - V::splat(shift));
+            let e = exp2(unsafe { load::<V>(srow.as_ptr().add(c * LANES)) } - V::splat(shift));
             // SAFETY: as above.
             unsafe { store(srow.as_mut_ptr().add(c * LANES), e) };
             sum += e;
@@ -325,7 +334,7 @@ fn step_rows<T: CpuElement, E: CpuElement, const R: usize>(
         st.l[r] = st.l[r] * *a + sum.reduce_add();
         st.m[r] = mx;
     }
-    mk::accumulate::<E, R>((sd, KEYS), (v, vs), n, dv, &alpha, &mut st.o, ahead.1);
+    mk::accumulate::<V, E, R>((sd, KEYS), (v, vs), n, dv, &alpha, &mut st.o, ahead.1);
 }
 
 /// The contract's per-element steps for row `r` over keys `j0..j0+n`:

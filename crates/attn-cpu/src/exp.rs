@@ -12,10 +12,10 @@
 //! f32 sums), `-inf` gives 0, NaN gives NaN. Tested against f64 below: the
 //! relative error stays within `attn_conformance::tolerance::EXP_REL_ERR`
 //! (2^-20) for every result of at least 2^-126. Inputs must be at most
-//! 127.
+//! 127. [`tanh`] (the soft-cap) is built on it. Both are generic over the
+//! level's vectors and inlined into its kernels.
 
-use crate::simd::V;
-use wide::i32x16;
+use crate::simd::Vector;
 
 const C: [f32; 7] = [
     1.0,
@@ -30,13 +30,13 @@ const C: [f32; 7] = [
 
 /// `2^x` lane by lane (see the module docs for range and accuracy).
 #[inline(always)]
-pub fn exp2(x: V) -> V {
-    // max(-127, x) keeps a NaN in x (x86 max returns its second operand
+pub fn exp2<V: Vector>(x: V) -> V {
+    // max(-127, x) keeps a NaN in x (`fast_max` returns its second operand
     // when either is NaN).
     let x = V::splat(-127.0).fast_max(x);
-    // Round to nearest (even) in the integer unit, back to float: exact.
-    let ni = x.fast_round_int();
-    let n = V::from_i32x16(ni);
+    // Round to nearest (even) in the integer unit, back to float: exact;
+    // 2^n from the exponent field (n = -127 gives the bit pattern of 0.0).
+    let (n, scale) = x.round_pow2();
     let r = x - n;
     let mut p = V::splat(C[6]);
     p = p.mul_add(r, V::splat(C[5]));
@@ -45,21 +45,47 @@ pub fn exp2(x: V) -> V {
     p = p.mul_add(r, V::splat(C[2]));
     p = p.mul_add(r, V::splat(C[1]));
     p = p.mul_add(r, V::splat(C[0]));
-    // 2^n from the exponent field; n = -127 gives the bit pattern of 0.0.
-    let bits: i32x16 = (ni + i32x16::splat(127)) << 23;
-    let scale: V = wide::bytemuck::cast(bits);
     p * scale
+}
+
+/// Below this `|x|`, [`tanh`] takes its odd Taylor polynomial (whose
+/// first omitted term, `21844 x^13 / 6081075`, is under 2^-30 of `x`
+/// there); at and above it, `(1 - e) / (1 + e)` with `e = exp(-2|x|)
+/// <= 0.61`, where the subtraction loses under one bit.
+const TANH_SERIES: f32 = 0.25;
+
+/// `tanh(x)` lane by lane, within a few ulp of f32 (tested against f64
+/// below): the odd Taylor series to `x^11` for `|x| < 0.25`, else `(1 -
+/// e) / (1 + e)` with `e = 2^(-2|x| log2(e))` from [`exp2`], which
+/// underflows to 0 (so `tanh = 1`) for `|x|` beyond 44. NaN gives NaN, and
+/// `+-inf` gives `+-1`.
+#[inline(always)]
+pub fn tanh<V: Vector>(x: V) -> V {
+    let a = x.abs();
+    let a2 = a * a;
+    // tanh a = a + a^3 (-1/3 + a^2 (2/15 + a^2 (-17/315 + a^2 (62/2835 +
+    // a^2 (-1382/155925))))).
+    let mut p = V::splat(-1382.0 / 155_925.0);
+    p = p.mul_add(a2, V::splat(62.0 / 2835.0));
+    p = p.mul_add(a2, V::splat(-17.0 / 315.0));
+    p = p.mul_add(a2, V::splat(2.0 / 15.0));
+    p = p.mul_add(a2, V::splat(-1.0 / 3.0));
+    let series = (p * a2).mul_add(a, a);
+    let e = exp2(a * V::splat(-2.0 * std::f32::consts::LOG2_E));
+    let far = (V::ONE - e) / (V::ONE + e);
+    a.select_lt(TANH_SERIES, series, far).copysign(x)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simd::for_each_vector;
 
     /// 2^-20: the largest relative error the conformance suite's bound
     /// allows an exponential (attn_conformance::tolerance::EXP_REL_ERR).
     const EXP_REL_ERR: f64 = 1.0 / (1u64 << 20) as f64;
 
-    fn check(xs: &[f32]) -> f64 {
+    fn check<V: Vector>(xs: &[f32]) -> f64 {
         let mut worst = 0.0f64;
         for chunk in xs.chunks(16) {
             let mut a = [0.0f32; 16];
@@ -80,21 +106,86 @@ mod tests {
 
     #[test]
     fn relative_error_is_within_the_conformance_allowance() {
+        for_each_vector!(exp2_error);
+    }
+
+    fn exp2_error<V: Vector>() {
         // Dense sweep of the range the softmax uses, and beyond zero.
         let xs: Vec<f32> = (0..2_000_000)
             .map(|i| -130.0 + 140.0 * i as f32 / 2_000_000.0)
             .collect();
-        let worst = check(&xs);
+        let worst = check::<V>(&xs);
         assert!(worst <= EXP_REL_ERR, "worst relative error {worst:e}");
         // It is in fact within a few ulp.
         assert!(worst < 8.0 * f64::from(f32::EPSILON), "{worst:e}");
         // Half-integers (the edges of the reduction) and integers.
         let edges: Vec<f32> = (-254..=20).map(|i| i as f32 * 0.5).collect();
-        assert!(check(&edges) <= EXP_REL_ERR);
+        assert!(check::<V>(&edges) <= EXP_REL_ERR);
     }
 
     #[test]
     fn special_values() {
+        for_each_vector!(special);
+        for_each_vector!(tanh_error);
+    }
+
+    /// tanh against f64 over the range a soft-cap sees, and its special
+    /// values.
+    fn tanh_error<V: Vector>() {
+        let mut worst = 0.0f64;
+        let xs: Vec<f32> = (0..400_000)
+            .map(|i| -20.0 + 40.0 * i as f32 / 400_000.0)
+            .chain([
+                0.25,
+                -0.25,
+                0.249_999_99,
+                1e-30,
+                -1e-30,
+                0.0,
+                -0.0,
+                60.0,
+                -60.0,
+            ])
+            .collect();
+        for chunk in xs.chunks(16) {
+            let mut a = [0.0f32; 16];
+            a[..chunk.len()].copy_from_slice(chunk);
+            let y = tanh(V::from(a)).to_array();
+            for (i, &x) in chunk.iter().enumerate() {
+                let want = f64::from(x).tanh();
+                let err = (f64::from(y[i]) - want).abs();
+                // In ulps of the result (at least the ulp of 2^-126).
+                let ulp = f64::from(f32::EPSILON) * want.abs().max(1e-38);
+                worst = worst.max(err / ulp);
+                assert_eq!(y[i].is_sign_negative(), x.is_sign_negative(), "tanh({x})");
+            }
+        }
+        assert!(worst <= 4.0, "{:?}: tanh worst error {worst} ulp", V::ISA);
+        let s = tanh(V::from([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            100.0,
+            -100.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+        ]))
+        .to_array();
+        assert!(s[0].is_nan());
+        assert_eq!(s[1..7], [1.0, -1.0, 0.0, -0.0, 1.0, -1.0]);
+        assert!(s[4].is_sign_negative());
+    }
+
+    fn special<V: Vector>() {
         let y = exp2(V::from([
             f32::NEG_INFINITY,
             f32::NAN,

@@ -3,12 +3,14 @@
 //! FlashAttention's algorithm on a CPU: blocks of query rows stream tiles of
 //! keys and values through an online softmax, so no `S x S` score matrix is
 //! ever formed and the memory beyond inputs and outputs is one small
-//! workspace per thread. Explicit SIMD with `wide` (16 f32 lanes), masks
-//! that cost nothing where they do not apply, GQA heads processed together,
-//! all cores through rayon, and results bitwise identical for any thread
-//! count.
+//! workspace per thread. Explicit SIMD chosen at run time ([`Isa`]: AVX-512,
+//! AVX2 + FMA, or `wide`'s portable vectors; no `-C target-cpu` needed),
+//! masks that cost nothing where they do not apply, GQA heads processed
+//! together, all cores through rayon, and results bitwise identical for any
+//! thread count (on one level).
 //!
 //! Layout of the crate (the microkernel apart from tiling and scheduling):
+//! `simd/` (the vector type of each level, detection and dispatch),
 //! `blocking.rs` (every tuning constant and why), `microkernel/` (register
 //! math), `exp.rs` (fast `2^x`), `softmax.rs` (online softmax state),
 //! `pack.rs` (panels in, rows out), `tiling.rs` (the loop nest of one block),
@@ -32,7 +34,7 @@ mod work;
 mod workspace;
 
 pub use element::CpuElement;
-pub use simd::{compiled_level, detected_level, simd_warning};
+pub use simd::Isa;
 
 use attn_spec::{
     check_call, AttnError, Backend, BufferInfo, DType, HostData, Inputs, Problem, Result,
@@ -41,18 +43,64 @@ use std::sync::Arc;
 use tiling::Ctx;
 
 /// The CPU backend. Buffers are host memory ([`HostData`]).
-#[derive(Clone, Debug, Default)]
+///
+/// It runs the widest SIMD level this CPU supports ([`Isa::detected`]),
+/// or a lower one: the environment variable `ATTN_CPU_ISA` (`portable`,
+/// `avx2`, `avx512`) caps the level of every new backend, and
+/// [`Cpu::with_isa`] sets one backend's. [`Cpu::isa`] says which runs.
+#[derive(Clone, Debug)]
 pub struct Cpu {
     /// Its own pool (`with_threads`), or rayon's global pool (`None`).
     pool: Option<Arc<rayon::ThreadPool>>,
     /// `with_threads(1)`: never leave the calling thread.
     single: bool,
+    /// The level its kernels run on, or why `ATTN_CPU_ISA` named none.
+    isa: std::result::Result<Isa, String>,
+}
+
+impl Default for Cpu {
+    fn default() -> Self {
+        Cpu {
+            pool: None,
+            single: false,
+            isa: Isa::selected(),
+        }
+    }
 }
 
 impl Cpu {
     /// A backend on all cores (rayon's global pool).
     pub fn new() -> Self {
         Cpu::default()
+    }
+
+    /// This backend on SIMD level `isa` instead (for comparisons and
+    /// tests; results differ between levels only by rounding). An error
+    /// when this CPU does not run it.
+    pub fn with_isa(self, isa: Isa) -> Result<Self> {
+        if !isa.supported() {
+            return Err(AttnError::Unsupported {
+                backend: "cpu".into(),
+                feature: format!("SIMD level {isa}"),
+                reason: format!(
+                    "this CPU does not run it (the widest it runs is {})",
+                    Isa::detected()
+                ),
+            });
+        }
+        Ok(Cpu {
+            isa: Ok(isa),
+            ..self
+        })
+    }
+
+    /// The SIMD level this backend's kernels run on; an error when
+    /// `ATTN_CPU_ISA` names no level.
+    pub fn isa(&self) -> Result<Isa> {
+        self.isa.clone().map_err(|message| AttnError::Backend {
+            backend: "cpu".into(),
+            message,
+        })
     }
 
     /// A backend on exactly `threads` threads (its own pool). Results are
@@ -63,8 +111,8 @@ impl Cpu {
         }
         if threads == 1 {
             return Ok(Cpu {
-                pool: None,
                 single: true,
+                ..Cpu::default()
             });
         }
         let pool = rayon::ThreadPoolBuilder::new()
@@ -76,7 +124,7 @@ impl Cpu {
             })?;
         Ok(Cpu {
             pool: Some(Arc::new(pool)),
-            single: false,
+            ..Cpu::default()
         })
     }
 
@@ -117,7 +165,7 @@ fn typed<'a, T: CpuElement>(d: &'a HostData, name: &'static str) -> Result<&'a [
 }
 
 fn forward_typed<T: CpuElement>(
-    par: bool,
+    (par, isa): (bool, Isa),
     p: &Problem,
     inputs: Inputs<'_, HostData>,
     out: &mut HostData,
@@ -146,7 +194,7 @@ fn forward_typed<T: CpuElement>(
         _ => None,
     };
     let sink = schedule::Sink::new(out, lse);
-    schedule::run_all(&ctx, &sink, par);
+    schedule::run_all(&ctx, &sink, par, isa);
     Ok(())
 }
 
@@ -188,6 +236,7 @@ impl Cpu {
         };
         problem.validate_buffers(&buffers)?;
         self.supports(problem)?;
+        let isa = self.isa()?;
         let par = self.parallel(problem.flops());
         let mask = match (mask, &problem.mask) {
             (Some(HostData::Bool(m)), Some(view)) => Some((m.as_slice(), *view)),
@@ -202,7 +251,7 @@ impl Cpu {
                 bias: bias.zip(problem.bias.map(|d| d.view)),
                 mask,
             };
-            schedule::run_all(&ctx, &schedule::Sink::new(out, lse), par);
+            schedule::run_all(&ctx, &schedule::Sink::new(out, lse), par, isa);
         });
         Ok(())
     }
@@ -248,10 +297,11 @@ impl Backend for Cpu {
     ) -> Result<()> {
         check_call(self, problem, &inputs, out, lse.as_deref())?;
         let par = self.parallel(problem.flops());
+        let run = (par, self.isa()?);
         self.install(par, || match problem.dtype {
-            DType::F32 => forward_typed::<f32>(par, problem, inputs, out, lse),
-            DType::F16 => forward_typed::<attn_spec::f16>(par, problem, inputs, out, lse),
-            DType::Bf16 => forward_typed::<attn_spec::bf16>(par, problem, inputs, out, lse),
+            DType::F32 => forward_typed::<f32>(run, problem, inputs, out, lse),
+            DType::F16 => forward_typed::<attn_spec::f16>(run, problem, inputs, out, lse),
+            DType::Bf16 => forward_typed::<attn_spec::bf16>(run, problem, inputs, out, lse),
             _ => unreachable!("refused by supports()"),
         })
     }

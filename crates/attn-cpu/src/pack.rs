@@ -6,7 +6,7 @@
 
 use crate::blocking::{LANES, PACKED_V_BYTES};
 use crate::element::CpuElement;
-use crate::simd::{load, store, V};
+use crate::simd::{load, store, Vector};
 use crate::work::Item;
 use attn_spec::View;
 
@@ -16,7 +16,8 @@ use attn_spec::View;
 /// transposes, read straight from the caller's rows when they are f32 with
 /// unit stride, else first widened into `rows` (scratch of at least `16 *
 /// d` floats).
-pub fn pack_q<T: CpuElement>(
+#[inline(always)]
+pub fn pack_q<V: Vector, T: CpuElement>(
     q: &[T],
     view: &View,
     item: &Item,
@@ -37,7 +38,7 @@ pub fn pack_q<T: CpuElement>(
         };
         if in_place.is_none() {
             for i in 0..live {
-                gather_row(q, view, at(i), d, &mut rows[i * d..(i + 1) * d]);
+                gather_row::<V, T>(q, view, at(i), d, &mut rows[i * d..(i + 1) * d]);
             }
         }
         // Row i's d floats (null past the block: zeros).
@@ -51,10 +52,13 @@ pub fn pack_q<T: CpuElement>(
             // Sixteen rows: no row to test for null (a third of the cost of
             // a block's query panel went to those tests).
             while e0 + LANES <= d {
-                // SAFETY: src[i] holds d floats (live == 16: none is null)
-                // and e0 + 16 <= d.
-                let blk: [V; LANES] = std::array::from_fn(|i| unsafe { load(src[i].add(e0)) });
-                for (i, t) in crate::simd::transpose16(blk).into_iter().enumerate() {
+                let mut blk = [V::ZERO; LANES];
+                for (b, &p) in blk.iter_mut().zip(&src) {
+                    // SAFETY: src[i] holds d floats (live == 16: none is
+                    // null) and e0 + 16 <= d.
+                    *b = unsafe { load(p.add(e0)) };
+                }
+                for (i, t) in V::transpose16(blk).into_iter().enumerate() {
                     // SAFETY: (e0 + i) * w + r0 + 16 <= d * w (asserted).
                     unsafe { store(qt.as_mut_ptr().add((e0 + i) * w + r0), t * sv) };
                 }
@@ -62,15 +66,14 @@ pub fn pack_q<T: CpuElement>(
             }
         }
         while e0 + LANES <= d {
-            let blk: [V; LANES] = std::array::from_fn(|i| {
-                if src[i].is_null() {
-                    V::ZERO
-                } else {
+            let mut blk = [V::ZERO; LANES];
+            for (b, &p) in blk.iter_mut().zip(&src) {
+                if !p.is_null() {
                     // SAFETY: src[i] holds d floats and e0 + 16 <= d.
-                    unsafe { load(src[i].add(e0)) }
+                    *b = unsafe { load(p.add(e0)) };
                 }
-            });
-            for (i, t) in crate::simd::transpose16(blk).into_iter().enumerate() {
+            }
+            for (i, t) in V::transpose16(blk).into_iter().enumerate() {
                 // SAFETY: (e0 + i) * w + r0 + 16 <= d * w (asserted).
                 unsafe { store(qt.as_mut_ptr().add((e0 + i) * w + r0), t * sv) };
             }
@@ -92,7 +95,8 @@ pub fn pack_q<T: CpuElement>(
 
 /// Widens one row of `d` elements starting at logical index `at` (last
 /// axis varying) into `dst`.
-pub fn gather_row<T: CpuElement>(
+#[inline(always)]
+pub fn gather_row<V: Vector, T: CpuElement>(
     src: &[T],
     view: &View,
     at: [usize; 4],
@@ -101,7 +105,7 @@ pub fn gather_row<T: CpuElement>(
 ) {
     let base = view.index(at);
     if view.strides[3] == 1 || d == 1 {
-        T::widen(&src[base..base + d], &mut dst[..d]);
+        T::widen::<V>(&src[base..base + d], &mut dst[..d]);
     } else {
         for (e, x) in dst[..d].iter_mut().enumerate() {
             *x = src[base + e * view.strides[3]].to_f32();
@@ -127,7 +131,8 @@ pub fn packed_stride(d: usize) -> usize {
 
 /// Copies rows `j0..j0+n` (batch `b`, head `g`) into `dst` as f32 rows
 /// [`packed_stride`] apart.
-pub fn pack_rows<T: CpuElement>(
+#[inline(always)]
+pub fn pack_rows<V: Vector, T: CpuElement>(
     src: &[T],
     view: &View,
     (b, g): (usize, usize),
@@ -141,11 +146,11 @@ pub fn pack_rows<T: CpuElement>(
         // row costs more than the copy itself).
         for j in 0..n {
             let at = view.index([b, j0 + j, g, 0]);
-            copy_row(&f[at..at + d], &mut dst[j * s..j * s + d]);
+            copy_row::<V>(&f[at..at + d], &mut dst[j * s..j * s + d]);
         }
     } else {
         for j in 0..n {
-            gather_row(src, view, [b, j0 + j, g, 0], d, &mut dst[j * s..j * s + d]);
+            gather_row::<V, T>(src, view, [b, j0 + j, g, 0], d, &mut dst[j * s..j * s + d]);
         }
     }
     s
@@ -223,13 +228,13 @@ impl PackedV {
 
 /// `dst.copy_from_slice(src)` with 16-lane loads and stores, inlined.
 #[inline(always)]
-pub fn copy_row(src: &[f32], dst: &mut [f32]) {
+pub fn copy_row<V: Vector>(src: &[f32], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len());
     let n = src.len();
     let mut i = 0;
     while i + LANES <= n {
         // SAFETY: i + 16 <= n for both slices (equal lengths, asserted).
-        unsafe { store(dst.as_mut_ptr().add(i), load(src.as_ptr().add(i))) };
+        unsafe { store(dst.as_mut_ptr().add(i), load::<V>(src.as_ptr().add(i))) };
         i += LANES;
     }
     for (d, s) in dst[i..].iter_mut().zip(&src[i..]) {
@@ -260,7 +265,8 @@ pub fn typed_rows<'a, T>(
 /// Rows `j0..j0+n` of K or V for batch `b`, head `g`, as a pointer to f32
 /// rows and their stride: into the caller's tensor when it is f32 with unit
 /// stride along the head dimension, else widened into `scratch`.
-pub fn kv_rows<'a, T: CpuElement>(
+#[inline(always)]
+pub fn kv_rows<'a, V: Vector, T: CpuElement>(
     src: &'a [T],
     view: &View,
     (b, g): (usize, usize),
@@ -272,7 +278,7 @@ pub fn kv_rows<'a, T: CpuElement>(
         return rows;
     }
     for j in 0..n {
-        gather_row(
+        gather_row::<V, T>(
             src,
             view,
             [b, j0 + j, g, 0],

@@ -15,7 +15,7 @@
 use crate::blocking::LANES;
 use crate::element::CpuElement;
 use crate::pack::Hint;
-use crate::simd::{load, store, V};
+use crate::simd::{load, store, vectorize, Isa, Op, Vector};
 use crate::softmax::finish_row;
 use crate::tiling::{run_item, run_items, Ctx};
 use crate::work::{chunks, row_blocks, split_keys, Item};
@@ -104,7 +104,8 @@ impl<T: CpuElement> Sink<T> {
     /// its log-sum-exp (`fin[r] = (factor, lse)`). One pass: 16 x 16
     /// register transposes, each result row scaled and stored straight
     /// into the output row (converted to `T`).
-    pub fn write_block(
+    #[inline(always)]
+    pub fn write_block<V: Vector>(
         &self,
         ctx: &Ctx<'_, T>,
         it: &Item,
@@ -140,14 +141,18 @@ impl<T: CpuElement> Sink<T> {
                 // Sixteen f32 rows with unit stride: whole vectors, no
                 // per-element work (a third faster than the loop below,
                 // timed with the cycle counter on S = 512 causal).
-                let f: [V; LANES] = std::array::from_fn(|i| V::splat(fin[r0 + i].0));
+                let mut f = [V::ZERO; LANES];
+                for (x, fi) in f.iter_mut().zip(&fin[r0..r0 + LANES]) {
+                    *x = V::splat(fi.0);
+                }
                 while c0 + LANES <= dv {
-                    let blk: [V; LANES] = std::array::from_fn(|c| {
+                    let mut blk = [V::ZERO; LANES];
+                    for (c, b) in blk.iter_mut().enumerate() {
                         // SAFETY: c0 + c < dv and r0 + 16 <= w: inside ot
                         // (asserted above).
-                        unsafe { load(ot.as_ptr().add((c0 + c) * w + r0)) }
-                    });
-                    let t = crate::simd::transpose16(blk);
+                        *b = unsafe { load::<V>(ot.as_ptr().add((c0 + c) * w + r0)) };
+                    }
+                    let t = V::transpose16(blk);
                     for i in 0..LANES {
                         // SAFETY: base[i] + c0 + 16 <= base[i] + dv is
                         // inside the output (asserted per row); no other
@@ -163,11 +168,12 @@ impl<T: CpuElement> Sink<T> {
                 for (c, b) in blk.iter_mut().enumerate().take(wc) {
                     // SAFETY: c0 + c < dv and r0 + 16 <= w: inside ot
                     // (asserted above).
-                    *b = unsafe { load(ot.as_ptr().add((c0 + c) * w + r0)) };
+                    *b = unsafe { load::<V>(ot.as_ptr().add((c0 + c) * w + r0)) };
                 }
-                let t = crate::simd::transpose16(blk);
+                let t = V::transpose16(blk);
                 for (i, &at) in base[..live].iter().enumerate() {
-                    let vals = &t[i].as_array()[..wc];
+                    let row = t[i].to_array();
+                    let vals = &row[..wc];
                     let f = fin[r0 + i].0;
                     if step == 1 {
                         // SAFETY: at + c0 + wc <= at + dv is inside the
@@ -205,14 +211,16 @@ impl<T: CpuElement> Sink<T> {
 /// to `sink`. Blocks of the main path go from the running output `O^T` to
 /// the output rows in one pass (`Sink::write_block`); decode-sized blocks
 /// write their row-major rows.
-fn run_and_write<T: CpuElement>(
+#[inline(always)]
+fn run_and_write<V: Vector, T: CpuElement>(
     ctx: &Ctx<'_, T>,
     unit: &[Item],
     ws: &mut Workspace,
     sinks: Option<&[f32]>,
     sink: &Sink<T>,
 ) {
-    fn go<T: CpuElement, const NV: usize>(
+    #[inline(always)]
+    fn go<V: Vector, T: CpuElement, const NV: usize>(
         ctx: &Ctx<'_, T>,
         unit: &[Item],
         ws: &mut Workspace,
@@ -221,28 +229,28 @@ fn run_and_write<T: CpuElement>(
     ) {
         let w = NV * LANES;
         let dv = ctx.p.shape.head_dim_v;
-        let sms = run_items::<T, NV>(ctx, unit, ws);
+        let sms = run_items::<V, T, NV>(ctx, unit, ws);
         for (i, (it, sm)) in unit.iter().zip(&sms).enumerate() {
             let fin: Vec<(f32, f32)> = (0..it.rows())
                 .map(|r| sm.finish(r, sinks.map(|v| v[it.row(r).1])))
                 .collect();
-            sink.write_block(ctx, it, (&ws.ot[i * dv * w..(i + 1) * dv * w], w), &fin);
+            sink.write_block::<V>(ctx, it, (&ws.ot[i * dv * w..(i + 1) * dv * w], w), &fin);
         }
     }
     let rows = unit.iter().map(Item::rows).max().unwrap_or(0);
     if rows <= crate::decode::DECODE_ROWS {
         let dv = ctx.p.shape.head_dim_v;
         for it in unit {
-            let finish = crate::decode::run_item(ctx, it, ws, sinks);
+            let finish = crate::decode::run_item::<V, T>(ctx, it, ws, sinks);
             for (r, &(f, lse)) in finish.iter().enumerate() {
                 let (pos, h) = it.row(r);
                 sink.write_row(ctx, (it.b, pos, h), &ws.orow[r * dv..(r + 1) * dv], f, lse);
             }
         }
     } else if rows <= LANES {
-        go::<T, 1>(ctx, unit, ws, sinks, sink);
+        go::<V, T, 1>(ctx, unit, ws, sinks, sink);
     } else {
-        go::<T, { crate::blocking::ROW_VECS }>(ctx, unit, ws, sinks, sink);
+        go::<V, T, { crate::blocking::ROW_VECS }>(ctx, unit, ws, sinks, sink);
     }
 }
 
@@ -307,7 +315,8 @@ fn units(p: &attn_spec::Problem, blocks: &[Item]) -> Vec<std::ops::Range<usize>>
 /// Transposes the running output `O^T` (`dv x rows`, `rows` a multiple of
 /// 16) into row-major `rows x dv` with 16 x 16 register transposes, so
 /// each output row is then contiguous.
-fn transpose_out(ot: &[f32], dv: usize, rows: usize, orow: &mut [f32]) {
+#[inline(always)]
+fn transpose_out<V: Vector>(ot: &[f32], dv: usize, rows: usize, orow: &mut [f32]) {
     assert!(ot.len() >= dv * rows && orow.len() >= rows * dv && rows.is_multiple_of(LANES));
     let mut c0 = 0;
     while c0 < dv {
@@ -317,9 +326,9 @@ fn transpose_out(ot: &[f32], dv: usize, rows: usize, orow: &mut [f32]) {
             for (c, b) in blk.iter_mut().enumerate().take(w) {
                 // SAFETY: c0 + c < dv and r0 + 16 <= rows: inside ot
                 // (asserted above).
-                *b = unsafe { load(ot.as_ptr().add((c0 + c) * rows + r0)) };
+                *b = unsafe { load::<V>(ot.as_ptr().add((c0 + c) * rows + r0)) };
             }
-            let t = crate::simd::transpose16(blk);
+            let t = V::transpose16(blk);
             for (r, row) in t.iter().enumerate() {
                 let at = (r0 + r) * dv + c0;
                 if w == LANES {
@@ -327,7 +336,7 @@ fn transpose_out(ot: &[f32], dv: usize, rows: usize, orow: &mut [f32]) {
                     // inside orow (asserted above).
                     unsafe { store(orow.as_mut_ptr().add(at), *row) };
                 } else {
-                    orow[at..at + w].copy_from_slice(&row.as_array()[..w]);
+                    orow[at..at + w].copy_from_slice(&row.to_array()[..w]);
                 }
             }
         }
@@ -338,30 +347,32 @@ fn transpose_out(ot: &[f32], dv: usize, rows: usize, orow: &mut [f32]) {
 /// Runs one item with the narrowest block that holds its rows, leaves its
 /// unnormalised rows in `ws.orow` (row-major) and returns each row's
 /// `(factor, lse)` (see `OnlineSoftmax::finish`).
-fn run_block<T: CpuElement>(
+#[inline(always)]
+fn run_block<V: Vector, T: CpuElement>(
     ctx: &Ctx<'_, T>,
     it: &Item,
     ws: &mut Workspace,
     sinks: Option<&[f32]>,
 ) -> Vec<(f32, f32)> {
-    fn go<T: CpuElement, const NV: usize>(
+    #[inline(always)]
+    fn go<V: Vector, T: CpuElement, const NV: usize>(
         ctx: &Ctx<'_, T>,
         it: &Item,
         ws: &mut Workspace,
         sinks: Option<&[f32]>,
     ) -> Vec<(f32, f32)> {
-        let sm = run_item::<T, NV>(ctx, it, ws);
-        transpose_out(&ws.ot, ctx.p.shape.head_dim_v, NV * LANES, &mut ws.orow);
+        let sm = run_item::<V, T, NV>(ctx, it, ws);
+        transpose_out::<V>(&ws.ot, ctx.p.shape.head_dim_v, NV * LANES, &mut ws.orow);
         (0..it.rows())
             .map(|r| sm.finish(r, sinks.map(|v| v[it.row(r).1])))
             .collect()
     }
     if it.rows() <= crate::decode::DECODE_ROWS {
-        crate::decode::run_item(ctx, it, ws, sinks)
+        crate::decode::run_item::<V, T>(ctx, it, ws, sinks)
     } else if it.rows() <= LANES {
-        go::<T, 1>(ctx, it, ws, sinks)
+        go::<V, T, 1>(ctx, it, ws, sinks)
     } else {
-        go::<T, { crate::blocking::ROW_VECS }>(ctx, it, ws, sinks)
+        go::<V, T, { crate::blocking::ROW_VECS }>(ctx, it, ws, sinks)
     }
 }
 
@@ -386,9 +397,60 @@ fn map_items<I: Sync, R: Send>(
     }
 }
 
-/// Computes the whole problem into `sink`, on the current rayon pool when
-/// `par` (see `Cpu::parallel`), else on the calling thread.
-pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
+/// One unit of the main path ([`run_and_write`]) as an [`Op`], so that it
+/// runs compiled for the call's level.
+struct UnitOp<'a, 'c, T> {
+    ctx: &'a Ctx<'c, T>,
+    unit: &'a [Item],
+    ws: &'a mut Workspace,
+    sinks: Option<&'a [f32]>,
+    sink: &'a Sink<T>,
+}
+
+impl<T: CpuElement> Op for UnitOp<'_, '_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run<V: Vector>(self) {
+        run_and_write::<V, T>(self.ctx, self.unit, self.ws, self.sinks, self.sink);
+    }
+}
+
+/// One chunk of keys of one block ([`run_block`]) as an [`Op`].
+struct BlockOp<'a, 'c, T> {
+    ctx: &'a Ctx<'c, T>,
+    it: &'a Item,
+    ws: &'a mut Workspace,
+}
+
+impl<T: CpuElement> Op for BlockOp<'_, '_, T> {
+    type Output = Vec<(f32, f32)>;
+    #[inline(always)]
+    fn run<V: Vector>(self) -> Vec<(f32, f32)> {
+        run_block::<V, T>(self.ctx, self.it, self.ws, None)
+    }
+}
+
+/// The blocks of one batch entry over one chunk of keys in lockstep
+/// (`decode::run_lockstep`) as an [`Op`].
+struct LockstepOp<'a, 'c, T> {
+    ctx: &'a Ctx<'c, T>,
+    blocks: &'a [&'a Item],
+    keys: std::ops::Range<usize>,
+    ws: &'a mut Workspace,
+}
+
+impl<T: CpuElement> Op for LockstepOp<'_, '_, T> {
+    type Output = Vec<crate::decode::DecodeState>;
+    #[inline(always)]
+    fn run<V: Vector>(self) -> Self::Output {
+        crate::decode::run_lockstep::<V, T>(self.ctx, self.blocks, self.keys, self.ws)
+    }
+}
+
+/// Computes the whole problem into `sink` with the kernels of `isa`, on
+/// the current rayon pool when `par` (see `Cpu::parallel`), else on the
+/// calling thread.
+pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: Isa) {
     let p = ctx.p;
     let s = p.shape;
     let (dk, dv) = (s.head_dim_qk, s.head_dim_v);
@@ -432,7 +494,14 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
                     ws.ahead.push(addr, dk * size_of::<T>(), Hint::L2);
                 }
             }
-            run_and_write(ctx, unit, ws, sinks, sink);
+            let op = UnitOp {
+                ctx,
+                unit,
+                ws,
+                sinks,
+                sink,
+            };
+            vectorize(isa, op);
         });
         return;
     }
@@ -458,7 +527,13 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
                 .filter(|(_, it)| it.b == *b)
                 .collect();
             let its: Vec<&Item> = mine.iter().map(|(_, it)| *it).collect();
-            let states = crate::decode::run_lockstep(ctx, &its, keys.clone(), ws);
+            let op = LockstepOp {
+                ctx,
+                blocks: &its,
+                keys: keys.clone(),
+                ws,
+            };
+            let states = vectorize(isa, op);
             mine.iter()
                 .zip(states)
                 .map(|(&(bi, it), st)| {
@@ -485,7 +560,7 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool) {
             })
             .collect();
         map_items(par, &parts, (dk, dv), |ws, (bi, it)| {
-            let finish = run_block(ctx, it, ws, None);
+            let finish = vectorize(isa, BlockOp { ctx, it, ws });
             let mut o = ws.orow[..it.rows() * dv].to_vec();
             let mut l = vec![0.0f32; it.rows()];
             for (r, &(f, lse)) in finish.iter().enumerate() {

@@ -11,19 +11,20 @@
 
 use crate::blocking::LANES;
 use crate::exp::exp2;
-use crate::simd::{load, store, V};
+use crate::simd::{load, store, Vector};
 
 /// Running maximum and sum of a block of `NV * 16` rows.
 #[derive(Clone, Debug)]
-pub struct OnlineSoftmax<const NV: usize> {
+pub struct OnlineSoftmax<V, const NV: usize> {
     /// Running maximum per row (base-2 units), `-inf` before any key.
     pub m: [V; NV],
     /// Running sum of `2^(s - m)` per row.
     pub l: [V; NV],
 }
 
-impl<const NV: usize> OnlineSoftmax<NV> {
+impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     /// The state before any key.
+    #[inline(always)]
     pub fn new() -> Self {
         OnlineSoftmax {
             m: [V::splat(f32::NEG_INFINITY); NV],
@@ -35,6 +36,7 @@ impl<const NV: usize> OnlineSoftmax<NV> {
     /// the probabilities `2^(s - m')`, and returns the rescale factors
     /// `alpha` for the running output.
     #[allow(clippy::needless_range_loop)] // `v` indexes m, l, alpha and the tile
+    #[inline(always)]
     pub fn update(&mut self, st: &mut [f32], n: usize) -> [V; NV] {
         let w = NV * LANES;
         assert!(st.len() >= n * w);
@@ -44,16 +46,15 @@ impl<const NV: usize> OnlineSoftmax<NV> {
             let mut mx = self.m[v];
             for j in 0..n {
                 // SAFETY: j < n and the assert above: 16 floats at col(j).
-                mx = mx.fast_max(unsafe { load(st.as_ptr().add(col(j))) });
+                mx = mx.fast_max(unsafe { load::<V>(st.as_ptr().add(col(j))) });
             }
-            let ninf = mx.simd_eq(V::splat(f32::NEG_INFINITY));
-            let shift = ninf.select(V::ZERO, mx);
+            let shift = mx.replace_where_eq(mx, f32::NEG_INFINITY, 0.0);
             alpha[v] = exp2(self.m[v] - shift);
             let mut sum = V::ZERO;
             for j in 0..n {
                 let p = st.as_mut_ptr();
                 // SAFETY: as above.
-                let e = exp2(unsafe { load(p.add(col(j))) } - shift);
+                let e = exp2(unsafe { load::<V>(p.add(col(j))) } - shift);
                 // SAFETY: as above.
                 unsafe { store(p.add(col(j)), e) };
                 sum += e;
@@ -68,6 +69,7 @@ impl<const NV: usize> OnlineSoftmax<NV> {
     /// and the natural log-sum-exp is `lse`. `sink` is the row's sink logit
     /// (natural units) if any. A row with no visible key and no sink gives
     /// factor 0 and lse `-inf`.
+    #[inline(always)]
     pub fn finish(&self, r: usize, sink: Option<f32>) -> (f32, f32) {
         let m = self.m[r / LANES].to_array()[r % LANES];
         let l = self.l[r / LANES].to_array()[r % LANES];
@@ -75,7 +77,7 @@ impl<const NV: usize> OnlineSoftmax<NV> {
     }
 }
 
-impl<const NV: usize> Default for OnlineSoftmax<NV> {
+impl<V: Vector, const NV: usize> Default for OnlineSoftmax<V, NV> {
     fn default() -> Self {
         Self::new()
     }
@@ -116,15 +118,21 @@ mod tests {
 
     const ROWS: usize = 64;
 
+    use crate::simd::for_each_vector;
+
     #[test]
     fn two_tiles_equal_one_softmax() {
+        for_each_vector!(two_tiles);
+    }
+
+    fn two_tiles<V: Vector>() {
         let mut st = vec![0.0f32; 3 * ROWS];
         for j in 0..3 {
             for r in 0..ROWS {
                 st[j * ROWS + r] = (j as f32 - 1.0) * (r as f32 / 32.0);
             }
         }
-        let mut a = OnlineSoftmax::<4>::new();
+        let mut a = OnlineSoftmax::<V, 4>::new();
         let mut t1 = st[..ROWS].to_vec();
         let mut t2 = st[ROWS..].to_vec();
         a.update(&mut t1, 1);
@@ -142,7 +150,11 @@ mod tests {
 
     #[test]
     fn masked_rows_finish_to_zero_and_minus_infinity() {
-        let mut s = OnlineSoftmax::<4>::new();
+        for_each_vector!(masked_rows);
+    }
+
+    fn masked_rows<V: Vector>() {
+        let mut s = OnlineSoftmax::<V, 4>::new();
         let mut st = vec![f32::NEG_INFINITY; 2 * ROWS];
         let alpha = s.update(&mut st, 2);
         assert!(st.iter().all(|&p| p == 0.0));

@@ -23,20 +23,20 @@
 //! the vectors of rows that see each part of the tile (`parts.rs`).
 
 use crate::bias::{add_bias_block, apply_mask_block};
-use crate::blocking::{mr, share, KEYS, LANES, PREFETCH_SPAN_BYTES};
+use crate::blocking::{share, KEYS, LANES, PREFETCH_SPAN_BYTES};
 use crate::element::CpuElement;
-use crate::microkernel::{dispatch_m, pv, pv_part, scores, scores_part};
+use crate::exp::tanh;
+use crate::microkernel::{keys_per_call, pv_vecs, scores_vecs};
 use crate::pack::{
     kv_rows, kv_rows_again, pack_q, pack_rows, packed_stride, prefetch_rows, Hint, PackedV,
 };
 use crate::parts::Parts;
-use crate::simd::{load, store, V};
+use crate::simd::{load, store, Vector};
 use crate::softmax::OnlineSoftmax;
 use crate::work::Item;
 use crate::workspace::Workspace;
 use attn_spec::{HostData, Problem, SeqMask, TileClass, View};
 use std::f32::consts::LOG2_E;
-use wide::i32x16;
 
 /// Everything about a call that the loop nest reads.
 pub struct Ctx<'a, T> {
@@ -79,12 +79,13 @@ impl<T> Ctx<'_, T> {
 /// Runs one item on blocks of `NV * 16` lanes (`item.rows() <= NV * 16`):
 /// leaves the unnormalised output in `ws.ot` (`dv x NV*16`) and returns the
 /// softmax state.
-pub fn run_item<T: CpuElement, const NV: usize>(
+#[inline(always)]
+pub fn run_item<V: Vector, T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     ws: &mut Workspace,
-) -> OnlineSoftmax<NV> {
-    let [sm, _] = run_items::<T, NV>(ctx, std::slice::from_ref(item), ws);
+) -> OnlineSoftmax<V, NV> {
+    let [sm, _] = run_items::<V, T, NV>(ctx, std::slice::from_ref(item), ws);
     sm
 }
 
@@ -94,11 +95,12 @@ pub fn run_item<T: CpuElement, const NV: usize>(
 /// for when the scheduler pairs blocks). Leaves item `i`'s unnormalised
 /// output in `ws.ot[i * dv * NV*16..]` (`dv x NV*16`) and returns the
 /// softmax states (the second is unused for one item).
-pub fn run_items<T: CpuElement, const NV: usize>(
+#[inline(always)]
+pub fn run_items<V: Vector, T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,
     items: &[Item],
     ws: &mut Workspace,
-) -> [OnlineSoftmax<NV>; 2] {
+) -> [OnlineSoftmax<V, NV>; 2] {
     let p = ctx.p;
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
     let w = NV * LANES;
@@ -110,7 +112,7 @@ pub fn run_items<T: CpuElement, const NV: usize>(
                 .all(|it| it.rows() <= w && (it.b, it.kvh) == head && it.keys == items[0].keys)
     );
     for (i, it) in items.iter().enumerate() {
-        pack_q(
+        pack_q::<V, T>(
             ctx.q,
             &p.q,
             it,
@@ -121,7 +123,7 @@ pub fn run_items<T: CpuElement, const NV: usize>(
         );
     }
     ws.ot[..items.len() * dv * w].fill(0.0);
-    let mut sms = [OnlineSoftmax::<NV>::new(), OnlineSoftmax::<NV>::new()];
+    let mut sms = [OnlineSoftmax::<V, NV>::new(), OnlineSoftmax::<V, NV>::new()];
     let mask = p.seq_mask(head.0);
     let spans: Vec<(usize, usize)> = items
         .iter()
@@ -135,7 +137,7 @@ pub fn run_items<T: CpuElement, const NV: usize>(
         .filter(|(lo, hi)| lo < hi)
         .fold((usize::MAX, 0), |(a, b), &(lo, hi)| (a.min(lo), b.max(hi)));
     let lo = lo.min(hi);
-    let rows: Vec<RowInfo<NV>> = items
+    let rows: Vec<RowInfo<V, NV>> = items
         .iter()
         .map(|it| RowInfo::new(ctx, it, &mask))
         .collect();
@@ -143,7 +145,7 @@ pub fn run_items<T: CpuElement, const NV: usize>(
     // The scheduler's rows to prefetch, spread over every score-kernel
     // call of the pass.
     ws.ahead
-        .pace(items.len() * (hi - lo).div_ceil(KEYS) * KEYS.div_ceil(mr(NV)));
+        .pace(items.len() * (hi - lo).div_ceil(KEYS) * KEYS.div_ceil(keys_per_call::<V>(NV)));
     // K and V rows of the next tile are prefetched into L2 during each
     // tile, unless the pass's whole span is small enough to have stayed in
     // L2 since the previous block of the same head read it (see
@@ -186,13 +188,14 @@ pub fn run_items<T: CpuElement, const NV: usize>(
 
 /// One key tile `j0..j0+n`: scores, transforms, softmax, `P V`; prefetches
 /// the first `next_n` keys after it.
-fn step<T: CpuElement, const NV: usize>(
+#[inline(always)]
+fn step<V: Vector, T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     (ws, slot, first): (&mut Workspace, usize, bool),
-    sm: &mut OnlineSoftmax<NV>,
+    sm: &mut OnlineSoftmax<V, NV>,
     (j0, n, next_n): (usize, usize, usize),
-    rows: &RowInfo<NV>,
+    rows: &RowInfo<V, NV>,
     masked: bool,
 ) {
     let p = ctx.p;
@@ -230,7 +233,7 @@ fn step<T: CpuElement, const NV: usize>(
         );
     }
     let (k, ks) = if first {
-        kv_rows(ctx.k, &p.k, g, (j0, n), dk, kbuf)
+        kv_rows::<V, T>(ctx.k, &p.k, g, (j0, n), dk, kbuf)
     } else {
         kv_rows_again(ctx.k, &p.k, g, (j0, n), dk, kbuf.as_slice())
     };
@@ -272,7 +275,7 @@ fn step<T: CpuElement, const NV: usize>(
         let nv = vecs.len();
         let mut j = keys.start;
         while j < keys.end {
-            let m = share(keys.end - j, mr(nv.max(1)));
+            let m = share(keys.end - j, keys_per_call::<V>(nv));
             if j < next_n {
                 let next = (j0 + n + j, m.min(next_n - j));
                 prefetch_rows(ctx.k, &p.k, g, next, dk, Hint::L2);
@@ -286,27 +289,23 @@ fn step<T: CpuElement, const NV: usize>(
             ahead.issue();
             if packed < j {
                 let span = (j0 + packed, j - packed);
-                pack_rows(ctx.v, &p.v, g, span, dv, &mut vdst[packed * vs..]);
+                pack_rows::<V, T>(ctx.v, &p.v, g, span, dv, &mut vdst[packed * vs..]);
                 packed = j;
             }
             let at = vecs.start * LANES;
             let (kp, qp) = (k[j * ks..].as_ptr(), qt[at..].as_ptr());
             let sp = st[j * w + at..].as_mut_ptr();
-            if nv == NV {
-                // SAFETY: `k` holds n rows of dk floats, ks apart; qt is dk x
-                // w; st has n x w floats (asserted above) and j + m <=
-                // keys.end <= n (asserted per part).
-                unsafe { dispatch_m!(NV, m, scores(kp, ks, qp, w, dk, sp)) };
-            } else if nv > 0 {
-                // SAFETY: as above, on vectors vecs of the panel and tile.
-                unsafe { scores_part(nv, m, kp, ks, qp, w, dk, sp) };
-            }
+            // SAFETY: `k` holds n rows of dk floats, ks apart; qt is dk x w;
+            // st has n x w floats (asserted above), j + m <= keys.end <= n
+            // (asserted per part), used on vectors `vecs` of the panel and
+            // tile (vecs.end <= NV, asserted), m <= keys_per_call(nv).
+            unsafe { scores_vecs::<V>(nv, m, kp, ks, qp, w, dk, sp) };
             j += m;
         }
     }
     if packed < n {
         let span = (j0 + packed, n - packed);
-        pack_rows(ctx.v, &p.v, g, span, dv, &mut vdst[packed * vs..]);
+        pack_rows::<V, T>(ctx.v, &p.v, g, span, dv, &mut vdst[packed * vs..]);
     }
     let v: &[f32] = if keep {
         packed_v.mark(j0..j0 + n);
@@ -322,11 +321,13 @@ fn step<T: CpuElement, const NV: usize>(
     if parts.is_whole(n, NV) {
         let mut c = 0;
         while c < dv {
-            let m = mr(NV).min(dv - c);
+            let m = keys_per_call::<V>(NV).min(dv - c);
             let (vp, op) = (v[c..].as_ptr(), ot[c * w..].as_mut_ptr());
+            let pp = st.as_ptr();
             // SAFETY: v holds n rows of dv floats, vs apart, and c + m <= dv;
-            // st holds n x w probabilities; ot is dv x w (asserted above).
-            unsafe { dispatch_m!(NV, m, pv(vp, vs, st.as_ptr(), w, n, op, &alpha)) };
+            // st holds n x w probabilities; ot is dv x w (asserted above);
+            // alpha holds NV factors.
+            unsafe { pv_vecs::<V>(NV, m, vp, vs, pp, w, n, op, Some(&alpha)) };
             c += m;
         }
         return;
@@ -337,7 +338,7 @@ fn step<T: CpuElement, const NV: usize>(
         for (r, &a) in alpha.iter().enumerate() {
             let at = c * w + r * LANES;
             // SAFETY: c < dv and r < NV: 16 floats at `at` in ot (dv x w).
-            unsafe { store(ot.as_mut_ptr().add(at), load(ot.as_ptr().add(at)) * a) };
+            unsafe { store(ot.as_mut_ptr().add(at), load::<V>(ot.as_ptr().add(at)) * a) };
         }
     }
     for (keys, vecs) in parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
@@ -347,7 +348,7 @@ fn step<T: CpuElement, const NV: usize>(
         let pp = st[keys.start * w + at..].as_ptr();
         let mut c = 0;
         while c < dv {
-            let m = share(dv - c, mr(nv));
+            let m = share(dv - c, keys_per_call::<V>(nv));
             let (vp, op) = (
                 v[keys.start * vs + c..].as_ptr(),
                 ot[c * w + at..].as_mut_ptr(),
@@ -356,18 +357,18 @@ fn step<T: CpuElement, const NV: usize>(
             // lie in 0..n and c + m <= dv; st holds n x w probabilities and
             // ot is dv x w (asserted above), used on vectors `vecs`, whose
             // end is <= NV (asserted per part).
-            unsafe { pv_part(nv, m, vp, vs, pp, w, keys.len(), op) };
+            unsafe { pv_vecs::<V>(nv, m, vp, vs, pp, w, keys.len(), op, None) };
             c += m;
         }
     }
 }
 
 /// Per-row facts of a block, as vectors over the lanes.
-pub struct RowInfo<const NV: usize> {
+pub struct RowInfo<V, const NV: usize> {
     /// First visible key of each row (`0` for rows past the block).
-    lo: [i32x16; NV],
+    lo: [[i32; LANES]; NV],
     /// One past the last visible key (`0` for rows past the block).
-    hi: [i32x16; NV],
+    hi: [[i32; LANES]; NV],
     /// The diagonal key of each row, as f32 (for ALiBi).
     diag: [V; NV],
     /// ALiBi slope of each row's head times log2(e).
@@ -377,7 +378,8 @@ pub struct RowInfo<const NV: usize> {
     bounds: [(usize, usize); NV],
 }
 
-impl<const NV: usize> RowInfo<NV> {
+impl<V: Vector, const NV: usize> RowInfo<V, NV> {
+    #[inline(always)]
     fn new<T>(ctx: &Ctx<'_, T>, item: &Item, mask: &SeqMask) -> Self {
         let mut lo = [[0i32; LANES]; NV];
         let mut hi = [[0i32; LANES]; NV];
@@ -400,49 +402,57 @@ impl<const NV: usize> RowInfo<NV> {
             }
         }
         RowInfo {
-            lo: lo.map(i32x16::from),
-            hi: hi.map(i32x16::from),
-            diag: diag.map(V::from),
-            slope: slope.map(V::from),
+            lo,
+            hi,
+            diag: vectors(&diag),
+            slope: vectors(&slope),
             bounds: bounds.map(|b| if b.0 < b.1 { b } else { (0, 0) }),
         }
     }
 }
 
+/// The rows of `a` as vectors (a loop: `array::map` may stay out of line,
+/// where vector code loses the level's target features).
+#[inline(always)]
+fn vectors<V: Vector, const NV: usize>(a: &[[f32; LANES]; NV]) -> [V; NV] {
+    let mut v = [V::ZERO; NV];
+    for (x, r) in v.iter_mut().zip(a) {
+        *x = V::from(*r);
+    }
+    v
+}
+
 /// Applies, in the contract's order, soft-capping, ALiBi, bias and masks to
 /// the score tile (`n x NV*16`, keys `j0..j0+n`), leaving base-2 scores
 /// with `-inf` where a pair is excluded.
-fn transform<T, const NV: usize>(
+#[inline(always)]
+fn transform<V: Vector, T, const NV: usize>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     st: &mut [f32],
     (j0, n): (usize, usize),
-    rows: &RowInfo<NV>,
+    rows: &RowInfo<V, NV>,
 ) {
     let o = &ctx.p.options;
     let w = NV * LANES;
-    let ninf = V::splat(f32::NEG_INFINITY);
     let cap = o.softcap;
     let alibi = o.alibi_slopes.is_some();
     assert!(st.len() >= n * w);
     for j in 0..n {
         let jg = j0 + j;
-        let jv = i32x16::splat(jg as i32);
         let jf = V::splat(jg as f32);
         for v in 0..NV {
             let at = j * w + v * LANES;
             // SAFETY: j < n and the assert above: 16 floats at `at`.
-            let mut t = unsafe { load(st.as_ptr().add(at)) };
+            let mut t = unsafe { load::<V>(st.as_ptr().add(at)) };
             if let Some(c) = cap {
                 let c = V::splat(c);
-                t = c * (t / c).tanh() * V::splat(LOG2_E);
+                t = c * tanh(t / c) * V::splat(LOG2_E);
             }
             if alibi {
                 t -= rows.slope[v] * (jf - rows.diag[v]).abs();
             }
-            let outside = jv.simd_lt(rows.lo[v]) | jv.simd_ge(rows.hi[v]);
-            let outside: V = wide::bytemuck::cast(outside);
-            t = outside.select(ninf, t);
+            t = t.fill_outside(jg as i32, &rows.lo[v], &rows.hi[v], f32::NEG_INFINITY);
             // SAFETY: as above.
             unsafe { store(st.as_mut_ptr().add(at), t) };
         }
@@ -457,13 +467,13 @@ fn transform<T, const NV: usize>(
     if let Some(bias) = ctx.bias {
         for r0 in (0..item.rows()).step_by(LANES) {
             let rows: Vec<_> = (r0..item.rows().min(r0 + LANES)).map(at).collect();
-            add_bias_block(bias, &rows, (j0, n), &mut st[r0..], w);
+            add_bias_block::<V>(bias, &rows, (j0, n), &mut st[r0..], w);
         }
     }
     if let Some(mask) = ctx.mask {
         for r0 in (0..item.rows()).step_by(LANES) {
             let rows: Vec<_> = (r0..item.rows().min(r0 + LANES)).map(at).collect();
-            apply_mask_block(mask, &rows, (j0, n), &mut st[r0..], w);
+            apply_mask_block::<V>(mask, &rows, (j0, n), &mut st[r0..], w);
         }
     }
 }

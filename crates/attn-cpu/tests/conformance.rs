@@ -3,7 +3,7 @@
 //! invariance under the thread count.
 
 use attn_conformance::{case_params, check_case, errors, hand, Case, CaseParams, Outcome};
-use attn_cpu::Cpu;
+use attn_cpu::{Cpu, Isa};
 use attn_spec::{AttnOptions, Backend, DType, Inputs, Shape};
 use proptest::prelude::*;
 
@@ -15,6 +15,32 @@ proptest! {
         let case = Case::build(params);
         let r = check_case(&Cpu::new(), &case);
         prop_assert_eq!(r, Ok(Outcome::Passed));
+    }
+}
+
+/// The level this run tests is the one asked for: `ATTN_CPU_ISA` when set
+/// to a level this CPU runs (`cargo xtask test` runs this file once per
+/// level), else the widest the CPU has; a name that is no level is an
+/// error on every call, not a silent fallback.
+#[test]
+fn runs_the_requested_simd_level() {
+    let cpu = Cpu::new();
+    let asked = std::env::var("ATTN_CPU_ISA").ok();
+    match asked.as_deref().map(str::parse::<Isa>) {
+        Some(Ok(want)) => assert_eq!(cpu.isa().unwrap(), want.min(Isa::detected())),
+        Some(Err(_)) => {
+            let shape = Shape::new(1, 1, 1, 2, 2, 4);
+            let case = Case::build(CaseParams::plain(shape));
+            let err = check_case(&cpu, &case).unwrap_err();
+            assert!(err.contains("ATTN_CPU_ISA"), "{err}");
+            return;
+        }
+        None => assert_eq!(cpu.isa().unwrap(), Isa::detected()),
+    }
+    eprintln!("attn-cpu conformance on SIMD level {}", cpu.isa().unwrap());
+    // Every level the CPU runs can be chosen per backend; none above it.
+    for isa in Isa::ALL {
+        assert_eq!(Cpu::new().with_isa(isa).is_ok(), isa.supported(), "{isa}");
     }
 }
 

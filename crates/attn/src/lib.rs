@@ -49,6 +49,11 @@ pub use engine::{Engine, EngineKind};
 #[cfg(feature = "cuda")]
 pub use attn_cuda as cuda;
 
+/// The CPU backend's crate (`attn::cpu::Cpu`, its SIMD levels
+/// `attn::cpu::Isa`).
+#[cfg(feature = "cpu")]
+pub use attn_cpu as cpu;
+
 /// Attention on host slices in the default `[batch, seq, heads, dim]`
 /// layout, on the best backend compiled in. Returns the output
 /// `[batch, q_len, q_heads, head_dim_v]` in `T`.

@@ -20,21 +20,8 @@
 use crate::blocking::LANES;
 use crate::element::CpuElement;
 use crate::pack::RowStream;
-use crate::simd::{load, reduce16, reduce_quads, store, V};
+use crate::simd::{load, store, Vector};
 use std::mem::MaybeUninit;
-
-/// Keys whose dot products run together: `R x G` accumulators (16 at
-/// most of AVX-512's 32 vector registers, at least 8 independent FMA
-/// chains to cover a 4-cycle latency on two pipes). Without AVX-512 a
-/// vector is two or four registers and the accumulators spill: correct,
-/// slower, like the rest of a build without `-C target-cpu=native`.
-const fn group(r: usize) -> usize {
-    match r {
-        1 => 16,
-        2 => 8,
-        _ => 4,
-    }
-}
 
 /// `s[r * ss + j] = sum_{e < d} q[r * qs + e] * k[j * ks + e]` for `r < R`,
 /// `j < n`. Query rows are zero-padded: `qs` is `d` rounded up to 16 and
@@ -42,7 +29,8 @@ const fn group(r: usize) -> usize {
 /// written with unspecified values (the caller masks them); `ss` must be a
 /// multiple of 16 and `s` hold `R` rows of `ss >= n` rounded up to 16.
 /// Row `j` of `ahead` is prefetched alongside key `j`.
-pub fn scores<E: CpuElement, const R: usize>(
+#[inline(always)]
+pub fn scores<V: Vector, E: CpuElement, const R: usize>(
     q: &[f32],
     qs: usize,
     (k, ks): (&[E], usize),
@@ -61,16 +49,18 @@ pub fn scores<E: CpuElement, const R: usize>(
             && s.len() >= (R - 1) * ss + n16
             && (n == 0 || k.len() >= (n - 1) * ks + d)
     );
-    match group(R) {
-        16 => tile::<E, R, 16>(q, qs, (k, ks), n, d, (s, ss), ahead),
-        8 => tile::<E, R, 8>(q, qs, (k, ks), n, d, (s, ss), ahead),
-        _ => tile::<E, R, 4>(q, qs, (k, ks), n, d, (s, ss), ahead),
+    match V::decode_group(R) {
+        16 => tile::<V, E, R, 16>(q, qs, (k, ks), n, d, (s, ss), ahead),
+        8 => tile::<V, E, R, 8>(q, qs, (k, ks), n, d, (s, ss), ahead),
+        4 => tile::<V, E, R, 4>(q, qs, (k, ks), n, d, (s, ss), ahead),
+        2 => tile::<V, E, R, 2>(q, qs, (k, ks), n, d, (s, ss), ahead),
+        _ => tile::<V, E, R, 1>(q, qs, (k, ks), n, d, (s, ss), ahead),
     }
 }
 
 /// [`scores`] with `G` keys per group (`G` divides 16).
 #[inline(always)]
-fn tile<E: CpuElement, const R: usize, const G: usize>(
+fn tile<V: Vector, E: CpuElement, const R: usize, const G: usize>(
     q: &[f32],
     qs: usize,
     (k, ks): (&[E], usize),
@@ -97,12 +87,15 @@ fn tile<E: CpuElement, const R: usize, const G: usize>(
             let mut acc = [[V::ZERO; G]; R];
             let mut e = 0;
             while e < full {
-                // SAFETY: every key row has d >= e + 16 elements (asserted
-                // in `scores`); query rows have qs >= e + 16.
-                let kv: [V; G] = std::array::from_fn(|i| unsafe { E::load16(rows[i].add(e)) });
+                let mut kv = [V::ZERO; G];
+                for (x, &row) in kv.iter_mut().zip(&rows) {
+                    // SAFETY: every key row has d >= e + 16 elements
+                    // (asserted in `scores`).
+                    *x = unsafe { E::load16::<V>(row.add(e)) };
+                }
                 for (r, acc_r) in acc.iter_mut().enumerate() {
-                    // SAFETY: as above.
-                    let qv = unsafe { load(q.as_ptr().add(r * qs + e)) };
+                    // SAFETY: query rows have qs >= e + 16 (asserted).
+                    let qv = unsafe { load::<V>(q.as_ptr().add(r * qs + e)) };
                     for (a, &x) in acc_r.iter_mut().zip(&kv) {
                         *a = qv.mul_add(x, *a);
                     }
@@ -112,17 +105,18 @@ fn tile<E: CpuElement, const R: usize, const G: usize>(
             if full < d {
                 // The last d - full dims: key tails copied into zeroed
                 // vectors (the query padding is zero too).
-                let kv: [V; G] = std::array::from_fn(|i| {
+                let mut kv = [V::ZERO; G];
+                for (i, kx) in kv.iter_mut().enumerate() {
                     let j = (jb + g0 + i).min(n - 1);
                     let mut t = [0.0f32; LANES];
                     for (x, &y) in t.iter_mut().zip(&k[j * ks + full..j * ks + d]) {
                         *x = y.to_f32();
                     }
-                    V::from(t)
-                });
+                    *kx = V::from(t);
+                }
                 for (r, acc_r) in acc.iter_mut().enumerate() {
                     // SAFETY: qs >= full + 16 (asserted in `scores`).
-                    let qv = unsafe { load(q.as_ptr().add(r * qs + full)) };
+                    let qv = unsafe { load::<V>(q.as_ptr().add(r * qs + full)) };
                     for (a, &x) in acc_r.iter_mut().zip(&kv) {
                         *a = qv.mul_add(x, *a);
                     }
@@ -135,11 +129,14 @@ fn tile<E: CpuElement, const R: usize, const G: usize>(
             }
         }
         for (r, p) in part.iter().enumerate() {
-            // SAFETY: the groups g0 = 0, G, .. cover all 16 entries of every
-            // row of `part`, each written above.
-            let p: [V; LANES] = std::array::from_fn(|i| unsafe { p[i].assume_init() });
+            let mut v = [V::ZERO; LANES];
+            for (x, y) in v.iter_mut().zip(p) {
+                // SAFETY: the groups g0 = 0, G, .. cover all 16 entries of
+                // every row of `part`, each written above.
+                *x = unsafe { y.assume_init() };
+            }
             // SAFETY: r * ss + jb + 16 <= (R - 1) * ss + n16 <= s.len().
-            unsafe { store(s.as_mut_ptr().add(r * ss + jb), reduce16(&p)) };
+            unsafe { store(s.as_mut_ptr().add(r * ss + jb), V::reduce16(&v)) };
         }
         jb += LANES;
     }
@@ -147,16 +144,18 @@ fn tile<E: CpuElement, const R: usize, const G: usize>(
 
 /// Whether [`scores_quad`] takes a block of `r` rows at head dimension
 /// `d`: 3 or 4 rows (fewer would leave half of every vector idle) and `d` a
-/// multiple of 4.
-pub fn quad_ok(r: usize, d: usize) -> bool {
-    (3..=4).contains(&r) && d > 0 && d.is_multiple_of(4)
+/// multiple of 4, on a level where it pays (`Vector::QUAD`).
+pub fn quad_ok<V: Vector>(r: usize, d: usize) -> bool {
+    V::QUAD && (3..=4).contains(&r) && d > 0 && d.is_multiple_of(4)
 }
 
 /// The query rows `q` (`rows` rows of `d` floats, `qs` apart) laid out for
 /// [`scores_quad`]: vector `e / 4` holds dims `e..e+4` of every row, row `r`
 /// in lanes `4r..4r+4`, zeros for rows past `rows`.
 pub fn quad_queries(q: &[f32], qs: usize, rows: usize, d: usize) -> Vec<f32> {
-    assert!(quad_ok(rows, d) && q.len() >= (rows - 1) * qs + d);
+    assert!(
+        (3..=4).contains(&rows) && d > 0 && d.is_multiple_of(4) && q.len() >= (rows - 1) * qs + d
+    );
     let mut q4 = vec![0.0; d * 4];
     for e in (0..d).step_by(4) {
         for r in 0..rows {
@@ -175,7 +174,8 @@ pub fn quad_queries(q: &[f32], qs: usize, rows: usize, d: usize) -> Vec<f32> {
 /// the same FMAs, a quarter of the reduction. Same contract as [`scores`]
 /// (`ss` a multiple of 16, scores past `n` unspecified), with `d` a
 /// multiple of 4.
-pub fn scores_quad<E: CpuElement, const R: usize>(
+#[inline(always)]
+pub fn scores_quad<V: Vector, E: CpuElement, const R: usize>(
     q4: &[f32],
     (k, ks): (&[E], usize),
     n: usize,
@@ -185,7 +185,9 @@ pub fn scores_quad<E: CpuElement, const R: usize>(
 ) {
     let n16 = n.div_ceil(LANES) * LANES;
     assert!(
-        quad_ok(R, d)
+        (3..=4).contains(&R)
+            && d > 0
+            && d.is_multiple_of(4)
             && q4.len() >= 4 * d
             && ss >= n16
             && ss % LANES == 0
@@ -214,11 +216,11 @@ pub fn scores_quad<E: CpuElement, const R: usize>(
                 }
                 // SAFETY: e + 4 <= d: 16 floats of q4 at 4e (asserted
                 // q4.len() >= 4d).
-                let qv = unsafe { load(q4.as_ptr().add(4 * e)) };
+                let qv = unsafe { load::<V>(q4.as_ptr().add(4 * e)) };
                 for (a, &row) in acc.iter_mut().zip(&rows) {
                     // SAFETY: every key row has d >= e + 4 elements
                     // (asserted).
-                    *a = qv.mul_add(unsafe { E::load4x4(row.add(e)) }, *a);
+                    *a = qv.mul_add(unsafe { V::load4x4(row.add(e)) }, *a);
                 }
                 e += 4;
             }
@@ -227,7 +229,7 @@ pub fn scores_quad<E: CpuElement, const R: usize>(
             }
         }
         let acc: &[V; LANES] = (&acc[..]).try_into().expect("16 accumulators");
-        for (r, x) in reduce_quads(acc).iter().enumerate().take(R) {
+        for (r, x) in V::reduce_quads(acc).iter().enumerate().take(R) {
             // SAFETY: r * ss + jb + 16 <= (R - 1) * ss + n16 <= s.len().
             unsafe { store(s.as_mut_ptr().add(r * ss + jb), *x) };
         }
@@ -241,7 +243,8 @@ const QUAD_GROUP: usize = 8;
 /// `o[r * dv + c] = alpha[r] * o[r * dv + c] + sum_{j < n} p[r * ps + j] *
 /// v[j * vs + c]` for `r < R`, `c < dv`. Row `j` of `ahead` is
 /// prefetched alongside value row `j`.
-pub fn accumulate<E: CpuElement, const R: usize>(
+#[inline(always)]
+pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
     (p, ps): (&[f32], usize),
     (v, vs): (&[E], usize),
     n: usize,
@@ -257,20 +260,30 @@ pub fn accumulate<E: CpuElement, const R: usize>(
             && (n == 0 || v.len() >= (n - 1) * vs + dv)
     );
     let mut c0 = 0;
-    if R <= 2 {
+    let most = V::decode_column_vecs(R);
+    if most >= 8 {
         while c0 + 8 * LANES <= dv {
-            columns::<E, R, 8>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
+            columns::<V, E, R, 8>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
             ahead = RowStream::NONE;
             c0 += 8 * LANES;
         }
     }
-    while c0 + 4 * LANES <= dv {
-        columns::<E, R, 4>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
-        ahead = RowStream::NONE;
-        c0 += 4 * LANES;
+    if most >= 4 {
+        while c0 + 4 * LANES <= dv {
+            columns::<V, E, R, 4>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
+            ahead = RowStream::NONE;
+            c0 += 4 * LANES;
+        }
+    }
+    if most >= 2 {
+        while c0 + 2 * LANES <= dv {
+            columns::<V, E, R, 2>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
+            ahead = RowStream::NONE;
+            c0 += 2 * LANES;
+        }
     }
     while c0 + LANES <= dv {
-        columns::<E, R, 1>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
+        columns::<V, E, R, 1>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
         ahead = RowStream::NONE;
         c0 += LANES;
     }
@@ -293,7 +306,7 @@ pub fn accumulate<E: CpuElement, const R: usize>(
 /// value row `j`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn columns<E: CpuElement, const R: usize, const CV: usize>(
+fn columns<V: Vector, E: CpuElement, const R: usize, const CV: usize>(
     (p, ps): (&[f32], usize),
     (v, vs): (&[E], usize),
     n: usize,
@@ -303,19 +316,22 @@ fn columns<E: CpuElement, const R: usize, const CV: usize>(
     c0: usize,
     ahead: RowStream,
 ) {
-    let mut acc: [[V; CV]; R] = std::array::from_fn(|r| {
-        std::array::from_fn(|c| {
+    let mut acc = [[V::ZERO; CV]; R];
+    for (r, row) in acc.iter_mut().enumerate() {
+        for (c, a) in row.iter_mut().enumerate() {
             // SAFETY: c0 + CV * 16 <= dv: inside row r of o (asserted by
             // `accumulate`).
-            let x = unsafe { load(o.as_ptr().add(r * dv + c0 + c * LANES)) };
-            x * V::splat(alpha[r])
-        })
-    });
+            let x = unsafe { load::<V>(o.as_ptr().add(r * dv + c0 + c * LANES)) };
+            *a = x * V::splat(alpha[r]);
+        }
+    }
     for j in 0..n {
         ahead.row(j);
-        // SAFETY: value row j has dv >= c0 + CV * 16 elements.
-        let x: [V; CV] =
-            std::array::from_fn(|c| unsafe { E::load16(v.as_ptr().add(j * vs + c0 + c * LANES)) });
+        let mut x = [V::ZERO; CV];
+        for (c, xc) in x.iter_mut().enumerate() {
+            // SAFETY: value row j has dv >= c0 + CV * 16 elements.
+            *xc = unsafe { E::load16::<V>(v.as_ptr().add(j * vs + c0 + c * LANES)) };
+        }
         for (r, row) in acc.iter_mut().enumerate() {
             // SAFETY: r < R, j < n: inside p (asserted by `accumulate`).
             let pj = V::splat(unsafe { *p.get_unchecked(r * ps + j) });

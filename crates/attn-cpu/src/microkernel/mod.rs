@@ -1,13 +1,20 @@
 //! Register math only: the two microkernels of attention with query rows
 //! along the SIMD lanes. No loops over blocks, no masks, no softmax here
-//! (see `tiling.rs`); each kernel keeps an `M x ROW_VECS` tile of
-//! accumulators in registers and streams one operand from memory.
+//! (see `tiling.rs`); each kernel keeps an `M x NV` tile of accumulators in
+//! registers and streams one operand from memory.
 //!
-//! Contract (`scores`, `pv`): `M <= mr(NV)`; every pointer is valid for the
-//! extents stated on the function; nothing is aligned; results are written
-//! with plain stores. `decode` holds the two kernels of the few-rows path
-//! (head dimension along the lanes), which take slices and assert their
-//! extents instead. All are tested against scalar loops below.
+//! Contract (`scores`, `pv`): `M <= V::mr(NV)`, `NV <= V::KERNEL_VECS`;
+//! every pointer is valid for the extents stated on the function; nothing
+//! is aligned; results are written with plain stores. The kernels are
+//! written once, generic over the vector type, and compiled per level out
+//! of line (`kernel_entries!`, one `scores_part` / `pv_part` per level,
+//! called through `Vector::scores_part` / `Vector::pv_part`): their
+//! register allocation is then the kernel's own, whatever loop nest calls
+//! them. [`scores_vecs`] and [`pv_vecs`] cut a block wider than a level's
+//! kernel into calls it takes. `decode` holds the two kernels of the
+//! few-rows path (head dimension along the lanes), which take slices and
+//! assert their extents instead. All are tested against scalar loops
+//! below, on every level the CPU runs.
 
 pub mod decode;
 mod pv;
@@ -16,40 +23,126 @@ mod scores;
 pub use pv::pv;
 pub use scores::scores;
 
-use crate::blocking::{mr, ROW_VECS};
+use crate::blocking::LANES;
+use crate::simd::Vector;
 
-/// Calls `$kernel::<m, NV>` for a runtime `m` in `1..=mr(NV)` (the tail
-/// of a loop over keys or value columns).
+/// Calls `$kernel::<V, m, NV>` for a runtime `m` in `1..=12` (the tail of
+/// a loop over keys or value columns).
 macro_rules! dispatch_m {
-    ($nv:tt, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
+    ($v:ty, $nv:tt, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
         match $m {
-            1 => $kernel::<1, $nv>($($arg),*),
-            2 => $kernel::<2, $nv>($($arg),*),
-            3 => $kernel::<3, $nv>($($arg),*),
-            4 => $kernel::<4, $nv>($($arg),*),
-            5 => $kernel::<5, $nv>($($arg),*),
-            6 => $kernel::<6, $nv>($($arg),*),
-            7 => $kernel::<7, $nv>($($arg),*),
-            8 => $kernel::<8, $nv>($($arg),*),
-            9 => $kernel::<9, $nv>($($arg),*),
-            10 => $kernel::<10, $nv>($($arg),*),
-            11 => $kernel::<11, $nv>($($arg),*),
-            _ => $kernel::<12, $nv>($($arg),*),
+            1 => $kernel::<$v, 1, $nv>($($arg),*),
+            2 => $kernel::<$v, 2, $nv>($($arg),*),
+            3 => $kernel::<$v, 3, $nv>($($arg),*),
+            4 => $kernel::<$v, 4, $nv>($($arg),*),
+            5 => $kernel::<$v, 5, $nv>($($arg),*),
+            6 => $kernel::<$v, 6, $nv>($($arg),*),
+            7 => $kernel::<$v, 7, $nv>($($arg),*),
+            8 => $kernel::<$v, 8, $nv>($($arg),*),
+            9 => $kernel::<$v, 9, $nv>($($arg),*),
+            10 => $kernel::<$v, 10, $nv>($($arg),*),
+            11 => $kernel::<$v, 11, $nv>($($arg),*),
+            _ => $kernel::<$v, 12, $nv>($($arg),*),
         }
     };
 }
 pub(crate) use dispatch_m;
 
-/// [`scores`] on `nv` of a block's vectors (`nv` in `1..=ROW_VECS`, `m <=
-/// mr(nv)`), both chosen at run time: the calls of a triangular tile, where
-/// some vectors of rows see none of a group's keys. One copy for every
-/// element type, not inlined.
+/// Defines, in a level's module, `kernels::scores_part` and
+/// `kernels::pv_part`: [`scores`] and [`pv`] on `nv` vectors and `m` keys
+/// or columns chosen at run time, compiled out of line for the vector type
+/// `$v` with the target features `$features` (none for the portable
+/// level).
+macro_rules! kernel_entries {
+    ($v:ty $(, $features:literal)?) => {
+        mod kernels {
+            use super::V16;
+            use $crate::microkernel::{dispatch_m, pv, scores};
+            use $crate::simd::Vector;
+
+            /// `scores` on `nv` vectors and `m` keys.
+            ///
+            /// # Safety
+            /// As `microkernel::scores` with `M = m <= mr(nv)`, `NV = nv
+            /// <= KERNEL_VECS`; the CPU runs this level.
+            $(#[target_feature(enable = $features)])?
+            #[inline(never)]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn scores_part(
+                nv: usize,
+                m: usize,
+                k: *const f32,
+                k_stride: usize,
+                qt: *const f32,
+                ld: usize,
+                d: usize,
+                s: *mut f32,
+            ) {
+                assert!((1..=<$v>::KERNEL_VECS).contains(&nv) && (1..=<$v>::mr(nv)).contains(&m));
+                // SAFETY: forwarded from the caller.
+                unsafe {
+                    match nv {
+                        1 => dispatch_m!($v, 1, m, scores(k, k_stride, qt, ld, d, s)),
+                        2 if <$v>::KERNEL_VECS >= 2 => dispatch_m!($v, 2, m, scores(k, k_stride, qt, ld, d, s)),
+                        3 if <$v>::KERNEL_VECS >= 3 => dispatch_m!($v, 3, m, scores(k, k_stride, qt, ld, d, s)),
+                        4 if <$v>::KERNEL_VECS >= 4 => dispatch_m!($v, 4, m, scores(k, k_stride, qt, ld, d, s)),
+                        _ => unreachable!("nv = {nv} is checked above"),
+                    }
+                }
+            }
+
+            /// `pv` on `nv` vectors and `m` value columns.
+            ///
+            /// # Safety
+            /// As `microkernel::pv` with `M = m <= mr(nv)`, `NV = nv <=
+            /// KERNEL_VECS`; the CPU runs this level.
+            $(#[target_feature(enable = $features)])?
+            #[inline(never)]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn pv_part(
+                nv: usize,
+                m: usize,
+                v: *const f32,
+                v_stride: usize,
+                pt: *const f32,
+                ld: usize,
+                n: usize,
+                ot: *mut f32,
+                alpha: Option<&[V16]>,
+            ) {
+                assert!((1..=<$v>::KERNEL_VECS).contains(&nv) && (1..=<$v>::mr(nv)).contains(&m));
+                assert!(alpha.is_none_or(|a| a.len() >= nv));
+                // SAFETY: forwarded from the caller.
+                unsafe {
+                    match nv {
+                        1 => dispatch_m!($v, 1, m, pv(v, v_stride, pt, ld, n, ot, alpha)),
+                        2 if <$v>::KERNEL_VECS >= 2 => dispatch_m!($v, 2, m, pv(v, v_stride, pt, ld, n, ot, alpha)),
+                        3 if <$v>::KERNEL_VECS >= 3 => dispatch_m!($v, 3, m, pv(v, v_stride, pt, ld, n, ot, alpha)),
+                        4 if <$v>::KERNEL_VECS >= 4 => dispatch_m!($v, 4, m, pv(v, v_stride, pt, ld, n, ot, alpha)),
+                        _ => unreachable!("nv = {nv} is checked above"),
+                    }
+                }
+            }
+        }
+    };
+}
+pub(crate) use kernel_entries;
+
+/// Keys (or value columns) per call of [`scores_vecs`] / [`pv_vecs`] on
+/// `nv` vectors of rows: the level's `mr` for the widest call they make.
+#[inline(always)]
+pub fn keys_per_call<V: Vector>(nv: usize) -> usize {
+    V::mr(nv.clamp(1, V::KERNEL_VECS))
+}
+
+/// [`scores`] on vectors `0..nv` of a panel (any `nv`), as calls of at most
+/// `V::KERNEL_VECS` vectors, for `m <= keys_per_call(nv)` keys.
 ///
 /// # Safety
 /// As [`scores`] with `M = m`, `NV = nv`.
-#[inline(never)]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)] // the kernel's arguments and its two sizes
-pub unsafe fn scores_part(
+pub unsafe fn scores_vecs<V: Vector>(
     nv: usize,
     m: usize,
     k: *const f32,
@@ -59,27 +152,36 @@ pub unsafe fn scores_part(
     d: usize,
     s: *mut f32,
 ) {
-    assert!((1..=ROW_VECS).contains(&nv) && (1..=mr(nv)).contains(&m));
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        match nv {
-            1 => dispatch_m!(1, m, scores(k, k_stride, qt, ld, d, s)),
-            2 => dispatch_m!(2, m, scores(k, k_stride, qt, ld, d, s)),
-            3 => dispatch_m!(3, m, scores(k, k_stride, qt, ld, d, s)),
-            _ => dispatch_m!(4, m, scores(k, k_stride, qt, ld, d, s)),
-        }
+    let mut v0 = 0;
+    while v0 < nv {
+        let c = (nv - v0).min(V::KERNEL_VECS);
+        // SAFETY: vectors v0..v0+c of the caller's nv; m <= mr(c), since
+        // mr never shrinks as calls narrow.
+        unsafe {
+            V::scores_part(
+                c,
+                m,
+                k,
+                k_stride,
+                qt.add(v0 * LANES),
+                ld,
+                d,
+                s.add(v0 * LANES),
+            )
+        };
+        v0 += c;
     }
 }
 
-/// [`pv`] on `nv` of a block's vectors with no rescaling (`alpha = 1`;
-/// the caller rescales the running output once per tile), `nv` and `m <=
-/// mr(nv)` chosen at run time: the calls of a triangular tile.
+/// [`pv`] on vectors `0..nv` of a tile (any `nv`), as calls of at most
+/// `V::KERNEL_VECS` vectors, for `m <= keys_per_call(nv)` value columns;
+/// `alpha` holds `nv` rescale factors (`None`: 1).
 ///
 /// # Safety
 /// As [`pv`] with `M = m`, `NV = nv`.
-#[inline(never)]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)] // the kernel's arguments and its two sizes
-pub unsafe fn pv_part(
+pub unsafe fn pv_vecs<V: Vector>(
     nv: usize,
     m: usize,
     v: *const f32,
@@ -88,17 +190,27 @@ pub unsafe fn pv_part(
     ld: usize,
     n: usize,
     ot: *mut f32,
+    alpha: Option<&[V]>,
 ) {
-    assert!((1..=ROW_VECS).contains(&nv) && (1..=mr(nv)).contains(&m));
-    let one = crate::simd::V::ONE;
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        match nv {
-            1 => dispatch_m!(1, m, pv(v, v_stride, pt, ld, n, ot, &[one])),
-            2 => dispatch_m!(2, m, pv(v, v_stride, pt, ld, n, ot, &[one; 2])),
-            3 => dispatch_m!(3, m, pv(v, v_stride, pt, ld, n, ot, &[one; 3])),
-            _ => dispatch_m!(4, m, pv(v, v_stride, pt, ld, n, ot, &[one; 4])),
-        }
+    let mut v0 = 0;
+    while v0 < nv {
+        let c = (nv - v0).min(V::KERNEL_VECS);
+        let a = alpha.map(|a| &a[v0..v0 + c]);
+        // SAFETY: vectors v0..v0+c of the caller's nv; m <= mr(c).
+        unsafe {
+            V::pv_part(
+                c,
+                m,
+                v,
+                v_stride,
+                pt.add(v0 * LANES),
+                ld,
+                n,
+                ot.add(v0 * LANES),
+                a,
+            )
+        };
+        v0 += c;
     }
 }
 
@@ -106,7 +218,7 @@ pub unsafe fn pv_part(
 mod tests {
     use super::*;
     use crate::blocking::LANES;
-    use crate::simd::V;
+    use crate::simd::{for_each_vector, Vector};
 
     fn fill(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
@@ -118,7 +230,7 @@ mod tests {
     /// than them (rows `ld` apart, the kernel's columns starting at vector
     /// 1), against scalar dot products; the panel's other columns must be
     /// left alone.
-    fn check_scores(
+    fn check_scores<V: Vector>(
         nv: usize,
         call: impl Fn(usize, &[f32], usize, *const f32, usize, usize, *mut f32),
     ) {
@@ -126,9 +238,9 @@ mod tests {
         let ld = rows + LANES;
         for d in [1usize, 3, 16, 67] {
             let stride = d + 5;
-            let k = fill(mr(nv) * stride, 1);
+            let k = fill(keys_per_call::<V>(nv) * stride, 1);
             let qt = fill(d * ld, 2);
-            for m in 1..=mr(nv) {
+            for m in 1..=keys_per_call::<V>(nv) {
                 let mut s = vec![f32::NAN; m * ld];
                 call(
                     m,
@@ -158,29 +270,25 @@ mod tests {
         }
     }
 
-    fn scores_nv<const NV: usize>() {
-        check_scores(NV, |m, k, ks, qt, ld, d, s| {
-            // SAFETY: check_scores passes mr(NV) keys of `ks >= d` floats,
-            // a d x ld panel and m rows of ld floats, NV vectors from qt/s.
-            unsafe { dispatch_m!(NV, m, scores(k.as_ptr(), ks, qt, ld, d, s)) }
-        });
-    }
-
-    #[test]
-    fn scores_match_scalar_dot_products() {
-        scores_nv::<1>();
-        scores_nv::<4>();
+    fn scores_every_width<V: Vector>() {
         for nv in 1..=4 {
-            // SAFETY: as in scores_nv, for nv vectors.
-            check_scores(nv, |m, k, ks, qt, ld, d, s| unsafe {
-                scores_part(nv, m, k.as_ptr(), ks, qt, ld, d, s)
+            // SAFETY: check_scores passes keys_per_call(nv) keys of `ks >=
+            // d` floats, a d x ld panel and m rows of ld floats, nv vectors
+            // from qt/s.
+            check_scores::<V>(nv, |m, k, ks, qt, ld, d, s| unsafe {
+                scores_vecs::<V>(nv, m, k.as_ptr(), ks, qt, ld, d, s)
             });
         }
     }
 
+    #[test]
+    fn scores_match_scalar_dot_products() {
+        for_each_vector!(scores_every_width);
+    }
+
     /// Checks a value kernel on `nv` vectors of a tile one vector wider than
     /// them (as `check_scores`), with rescale factors `alpha` (`None`: 1).
-    fn check_pv(
+    fn check_pv<V: Vector>(
         nv: usize,
         alpha: Option<&[V]>,
         call: impl Fn(usize, &[f32], usize, *const f32, usize, usize, *mut f32),
@@ -191,7 +299,7 @@ mod tests {
             let stride = 13;
             let v = fill(n * stride, 3);
             let pt = fill(n * ld, 4);
-            for m in 1..=mr(nv) {
+            for m in 1..=keys_per_call::<V>(nv) {
                 let ot0 = fill(m * ld, 5);
                 let mut ot = ot0.clone();
                 call(
@@ -223,34 +331,31 @@ mod tests {
         }
     }
 
-    fn pv_nv<const NV: usize>() {
-        let alpha: [V; NV] = std::array::from_fn(|i| {
+    fn pv_every_width<V: Vector>() {
+        let alpha: [V; 4] = std::array::from_fn(|i| {
             V::from(std::array::from_fn(|l| {
                 0.5 + (i * LANES + l) as f32 / 128.0
             }))
         });
-        check_pv(NV, Some(&alpha), |m, v, vs, pt, ld, n, ot| {
-            // SAFETY: check_pv passes n value rows of 13 >= m floats, an n x
-            // ld tile and m rows of ld floats, NV vectors from pt/ot.
-            unsafe { dispatch_m!(NV, m, pv(v.as_ptr(), vs, pt, ld, n, ot, &alpha)) }
-        });
+        for nv in 1..=4 {
+            for a in [Some(&alpha[..nv]), None] {
+                // SAFETY: check_pv passes n value rows of 13 >= m floats, an
+                // n x ld tile and m rows of ld floats, nv vectors from pt/ot.
+                check_pv::<V>(nv, a, |m, v, vs, pt, ld, n, ot| unsafe {
+                    pv_vecs::<V>(nv, m, v.as_ptr(), vs, pt, ld, n, ot, a)
+                });
+            }
+        }
     }
 
     #[test]
     fn pv_matches_scalar_accumulation() {
-        pv_nv::<1>();
-        pv_nv::<4>();
-        for nv in 1..=4 {
-            // SAFETY: as in pv_nv, for nv vectors.
-            check_pv(nv, None, |m, v, vs, pt, ld, n, ot| unsafe {
-                pv_part(nv, m, v.as_ptr(), vs, pt, ld, n, ot)
-            });
-        }
+        for_each_vector!(pv_every_width);
     }
 
     /// Checks the decode score kernel (`quad`: `scores_quad`, on the
     /// dims it takes) against f64 dot products.
-    fn decode_scores_r<E: crate::element::CpuElement, const R: usize>(
+    fn decode_scores_r<V: Vector, E: crate::element::CpuElement, const R: usize>(
         from: fn(f32) -> E,
         quad: bool,
     ) {
@@ -274,9 +379,9 @@ mod tests {
                 let none = crate::pack::RowStream::NONE;
                 if quad {
                     let q4 = decode::quad_queries(&q, qs, R, d);
-                    decode::scores_quad::<E, R>(&q4, (&k, ks), n, d, out, none);
+                    decode::scores_quad::<V, E, R>(&q4, (&k, ks), n, d, out, none);
                 } else {
-                    decode::scores::<E, R>(&q, qs, (&k, ks), n, d, out, none);
+                    decode::scores::<V, E, R>(&q, qs, (&k, ks), n, d, out, none);
                 }
                 for r in 0..R {
                     for j in 0..n {
@@ -286,7 +391,8 @@ mod tests {
                         let got = f64::from(s[r * ss + j]);
                         assert!(
                             (got - want).abs() <= 1e-5 * d as f64,
-                            "R={R} d={d} n={n} r={r} j={j} quad={quad}: {got} vs {want}"
+                            "{:?} R={R} d={d} n={n} r={r} j={j} quad={quad}: {got} vs {want}",
+                            V::ISA
                         );
                     }
                 }
@@ -294,26 +400,31 @@ mod tests {
         }
     }
 
+    fn decode_scores_all<V: Vector>() {
+        use attn_spec::{bf16, f16};
+        decode_scores_r::<V, f32, 1>(|x| x, false);
+        decode_scores_r::<V, f32, 2>(|x| x, false);
+        decode_scores_r::<V, f32, 3>(|x| x, false);
+        decode_scores_r::<V, f32, 4>(|x| x, false);
+        decode_scores_r::<V, bf16, 4>(bf16::from_f32, false);
+        decode_scores_r::<V, f16, 3>(f16::from_f32, false);
+        // The quad kernel is tested on every level, whether or not the
+        // level takes it (`Vector::QUAD`).
+        decode_scores_r::<V, f32, 3>(|x| x, true);
+        decode_scores_r::<V, f32, 4>(|x| x, true);
+        decode_scores_r::<V, bf16, 4>(bf16::from_f32, true);
+        decode_scores_r::<V, f16, 3>(f16::from_f32, true);
+        decode_scores_r::<V, f16, 4>(f16::from_f32, true);
+    }
+
     #[test]
     fn decode_scores_match_scalar_dot_products() {
-        decode_scores_r::<f32, 1>(|x| x, false);
-        decode_scores_r::<f32, 2>(|x| x, false);
-        decode_scores_r::<f32, 3>(|x| x, false);
-        decode_scores_r::<f32, 4>(|x| x, false);
-        decode_scores_r::<attn_spec::bf16, 4>(attn_spec::bf16::from_f32, false);
-        decode_scores_r::<attn_spec::f16, 3>(attn_spec::f16::from_f32, false);
+        for_each_vector!(decode_scores_all);
     }
 
-    #[test]
-    fn decode_quad_scores_match_scalar_dot_products() {
-        decode_scores_r::<f32, 3>(|x| x, true);
-        decode_scores_r::<f32, 4>(|x| x, true);
-        decode_scores_r::<attn_spec::bf16, 4>(attn_spec::bf16::from_f32, true);
-        decode_scores_r::<attn_spec::f16, 3>(attn_spec::f16::from_f32, true);
-        decode_scores_r::<attn_spec::f16, 4>(attn_spec::f16::from_f32, true);
-    }
-
-    fn decode_accumulate_r<E: crate::element::CpuElement, const R: usize>(from: fn(f32) -> E) {
+    fn decode_accumulate_r<V: Vector, E: crate::element::CpuElement, const R: usize>(
+        from: fn(f32) -> E,
+    ) {
         let ps = 64;
         for dv in [1usize, 5, 16, 67, 128, 200] {
             let vs = dv + 2;
@@ -323,7 +434,7 @@ mod tests {
                 let o0 = fill(R * dv, 10);
                 let alpha: [f32; R] = std::array::from_fn(|r| 0.25 + r as f32 / 4.0);
                 let mut o = o0.clone();
-                decode::accumulate::<E, R>(
+                decode::accumulate::<V, E, R>(
                     (&p, ps),
                     (&v, vs),
                     n,
@@ -351,13 +462,17 @@ mod tests {
         }
     }
 
+    fn decode_accumulate_all<V: Vector>() {
+        decode_accumulate_r::<V, f32, 1>(|x| x);
+        decode_accumulate_r::<V, f32, 2>(|x| x);
+        decode_accumulate_r::<V, f32, 3>(|x| x);
+        decode_accumulate_r::<V, f32, 4>(|x| x);
+        decode_accumulate_r::<V, attn_spec::bf16, 2>(attn_spec::bf16::from_f32);
+        decode_accumulate_r::<V, attn_spec::f16, 4>(attn_spec::f16::from_f32);
+    }
+
     #[test]
     fn decode_accumulate_matches_scalar_accumulation() {
-        decode_accumulate_r::<f32, 1>(|x| x);
-        decode_accumulate_r::<f32, 2>(|x| x);
-        decode_accumulate_r::<f32, 3>(|x| x);
-        decode_accumulate_r::<f32, 4>(|x| x);
-        decode_accumulate_r::<attn_spec::bf16, 2>(attn_spec::bf16::from_f32);
-        decode_accumulate_r::<attn_spec::f16, 4>(attn_spec::f16::from_f32);
+        for_each_vector!(decode_accumulate_all);
     }
 }

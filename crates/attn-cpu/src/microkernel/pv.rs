@@ -5,7 +5,7 @@
 //! extra pass.
 
 use crate::blocking::LANES;
-use crate::simd::{load, store, V};
+use crate::simd::{load, store, Vector};
 
 /// Accumulates `M` rows of the transposed output tile over `n` keys.
 ///
@@ -13,29 +13,39 @@ use crate::simd::{load, store, V};
 /// `pt` points at `NV*16` columns of the `n`-row probability tile and `ot`
 /// at `M` rows of `NV*16` running outputs (updated in place), both with
 /// rows `ld` floats apart (`ld >= NV*16`: a kernel may work on some of the
-/// block's vectors).
+/// block's vectors). `alpha`, when given, holds at least `NV` factors.
 ///
 /// # Safety
 /// `v + j*v_stride + c` is readable for `j < n`, `c < M`; `pt + j*ld + r`
 /// is readable for `j < n`, `r < NV*16`; `ot + c*ld + r` is readable and
 /// writable for `c < M`, `r < NV*16`.
 #[inline(always)]
-pub unsafe fn pv<const M: usize, const NV: usize>(
+pub unsafe fn pv<V: Vector, const M: usize, const NV: usize>(
     v: *const f32,
     v_stride: usize,
     pt: *const f32,
     ld: usize,
     n: usize,
     ot: *mut f32,
-    alpha: &[V; NV],
+    alpha: Option<&[V]>,
 ) {
-    let mut acc: [[V; NV]; M] = std::array::from_fn(|c| {
-        // SAFETY: c < M rows of NV*16 floats, ld apart, are in ot.
-        std::array::from_fn(|r| unsafe { load(ot.add(c * ld + r * LANES)) } * alpha[r])
-    });
+    let mut acc = [[V::ZERO; NV]; M];
+    for (c, row) in acc.iter_mut().enumerate() {
+        for (r, a) in row.iter_mut().enumerate() {
+            // SAFETY: c < M rows of NV*16 floats, ld apart, are in ot.
+            let o = unsafe { load::<V>(ot.add(c * ld + r * LANES)) };
+            *a = match alpha {
+                Some(f) => o * f[r],
+                None => o,
+            };
+        }
+    }
     for j in 0..n {
-        // SAFETY: j < n, so row j of the tile (NV*16 floats) is in pt.
-        let p: [V; NV] = std::array::from_fn(|r| unsafe { load(pt.add(j * ld + r * LANES)) });
+        let mut p = [V::ZERO; NV];
+        for (r, x) in p.iter_mut().enumerate() {
+            // SAFETY: j < n, so row j of the tile (NV*16 floats) is in pt.
+            *x = unsafe { load::<V>(pt.add(j * ld + r * LANES)) };
+        }
         for (c, row) in acc.iter_mut().enumerate() {
             // SAFETY: j < n and c < M: within the caller's value rows.
             let x = V::splat(unsafe { *v.add(j * v_stride + c) });

@@ -2,7 +2,7 @@
 //! keys `j` and the `NV * 16` query rows `r` of the block.
 
 use crate::blocking::LANES;
-use crate::simd::{load, store, V};
+use crate::simd::{load, store, Vector};
 
 /// Computes `M` rows of the transposed score tile.
 ///
@@ -17,7 +17,7 @@ use crate::simd::{load, store, V};
 /// is readable and `s + j*ld + c` writable for `e < d`, `j < M`,
 /// `c < NV*16`.
 #[inline(always)]
-pub unsafe fn scores<const M: usize, const NV: usize>(
+pub unsafe fn scores<V: Vector, const M: usize, const NV: usize>(
     k: *const f32,
     k_stride: usize,
     qt: *const f32,
@@ -27,8 +27,11 @@ pub unsafe fn scores<const M: usize, const NV: usize>(
 ) {
     let mut acc = [[V::ZERO; NV]; M];
     for e in 0..d {
-        // SAFETY: e < d, so row e of the panel (NV*16 floats) is in qt.
-        let q: [V; NV] = std::array::from_fn(|v| unsafe { load(qt.add(e * ld + v * LANES)) });
+        let mut q = [V::ZERO; NV];
+        for (v, x) in q.iter_mut().enumerate() {
+            // SAFETY: e < d, so row e of the panel (NV*16 floats) is in qt.
+            *x = unsafe { load::<V>(qt.add(e * ld + v * LANES)) };
+        }
         for (m, row) in acc.iter_mut().enumerate() {
             // SAFETY: m < M and e < d: within the caller's key rows.
             let kv = V::splat(unsafe { *k.add(m * k_stride + e) });

@@ -1,0 +1,170 @@
+//! The portable level: `wide`'s `f32x16` as the target's baseline compiles
+//! it (four SSE2 registers per vector on x86-64, four NEON registers on
+//! aarch64). What every CPU of the target runs, and the reference the
+//! wider levels are tested beside.
+
+use super::{Isa, Vector};
+use attn_spec::{bf16, f16};
+use wide::{f32x16, i32x16};
+
+/// Sixteen lanes as `wide` builds them for the baseline.
+pub type V16 = f32x16;
+
+crate::microkernel::kernel_entries!(V16);
+
+// SAFETY: nothing here needs more than the target's baseline.
+unsafe impl Vector for V16 {
+    const ISA: Isa = Isa::Portable;
+    const ZERO: Self = f32x16::ZERO;
+    const ONE: Self = f32x16::ONE;
+    const REGS_PER_VECTOR: usize = 4;
+    const REGISTERS: usize = if cfg!(target_arch = "aarch64") {
+        32
+    } else {
+        16
+    };
+    const KERNEL_VECS: usize = 1;
+    const QUAD: bool = false;
+
+    #[inline(always)]
+    fn mr(_nv: usize) -> usize {
+        // 4 registers per vector: 3 keys keep 12 of x86's 16 registers in
+        // accumulators, 6 keys 24 of aarch64's 32.
+        if cfg!(target_arch = "aarch64") {
+            6
+        } else {
+            3
+        }
+    }
+    #[inline(always)]
+    fn decode_group(r: usize) -> usize {
+        // About 16 registers of accumulators, 4 per vector.
+        match r {
+            1 => 4,
+            2 => 2,
+            _ => 1,
+        }
+    }
+    #[inline(always)]
+    fn decode_column_vecs(_r: usize) -> usize {
+        // As AVX2: one pass over each tile's value rows.
+        8
+    }
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        f32x16::splat(x)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller guarantees 16 readable f32 at `p`;
+        // read_unaligned has no alignment requirement.
+        f32x16::from(unsafe { (p as *const [f32; 16]).read_unaligned() })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller guarantees 16 writable f32 at `p`.
+        unsafe { (p as *mut [f32; 16]).write_unaligned(self.to_array()) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> Self {
+        // SAFETY: the caller guarantees 16 readable elements at `p`.
+        let h = unsafe { (p as *const [f16; 16]).read_unaligned() };
+        f32x16::from(h.map(f16::to_f32))
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> Self {
+        // SAFETY: the caller guarantees 16 readable elements at `p`.
+        let h = unsafe { (p as *const [u16; 16]).read_unaligned() };
+        // bf16 is the top half of an f32.
+        f32x16::from(h.map(|x| f32::from_bits(u32::from(x) << 16)))
+    }
+    #[inline(always)]
+    fn to_array(self) -> [f32; 16] {
+        f32x16::to_array(self)
+    }
+    #[inline(always)]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        f32x16::mul_add(self, a, b)
+    }
+    #[inline(always)]
+    fn fast_max(self, rhs: Self) -> Self {
+        f32x16::fast_max(self, rhs)
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        f32x16::abs(self)
+    }
+    #[inline(always)]
+    fn copysign(self, sign: Self) -> Self {
+        let s = f32x16::splat(-0.0);
+        f32x16::abs(self) | (sign & s)
+    }
+    #[inline(always)]
+    fn round_pow2(self) -> (Self, Self) {
+        let ni = self.fast_round_int();
+        let bits: i32x16 = (ni + i32x16::splat(127)) << 23;
+        (f32x16::from_i32x16(ni), wide::bytemuck::cast(bits))
+    }
+    #[inline(always)]
+    fn replace_where_eq(self, key: Self, eq: f32, with: f32) -> Self {
+        key.simd_eq(f32x16::splat(eq))
+            .select(f32x16::splat(with), self)
+    }
+    #[inline(always)]
+    fn select_lt(self, bound: f32, then: Self, other: Self) -> Self {
+        self.simd_lt(f32x16::splat(bound)).select(then, other)
+    }
+    #[inline(always)]
+    fn fill_outside(self, j: i32, lo: &[i32; 16], hi: &[i32; 16], fill: f32) -> Self {
+        let jv = i32x16::splat(j);
+        let outside = jv.simd_lt(i32x16::from(*lo)) | jv.simd_ge(i32x16::from(*hi));
+        let outside: f32x16 = wide::bytemuck::cast(outside);
+        outside.select(f32x16::splat(fill), self)
+    }
+    #[inline(always)]
+    fn any_nan(self) -> bool {
+        self.is_nan().any()
+    }
+    #[inline(always)]
+    fn reduce_add(self) -> f32 {
+        f32x16::reduce_add(self)
+    }
+    #[inline(always)]
+    fn transpose16(m: [Self; 16]) -> [Self; 16] {
+        f32x16::transpose(m)
+    }
+    #[inline(always)]
+    fn reduce16(m: &[Self; 16]) -> Self {
+        f32x16::from(std::array::from_fn::<f32, 16, _>(|i| m[i].reduce_add()))
+    }
+
+    #[inline(always)]
+    unsafe fn scores_part(
+        nv: usize,
+        m: usize,
+        k: *const f32,
+        k_stride: usize,
+        qt: *const f32,
+        ld: usize,
+        d: usize,
+        s: *mut f32,
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe { kernels::scores_part(nv, m, k, k_stride, qt, ld, d, s) }
+    }
+    #[inline(always)]
+    unsafe fn pv_part(
+        nv: usize,
+        m: usize,
+        v: *const f32,
+        v_stride: usize,
+        pt: *const f32,
+        ld: usize,
+        n: usize,
+        ot: *mut f32,
+        alpha: Option<&[Self]>,
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe { kernels::pv_part(nv, m, v, v_stride, pt, ld, n, ot, alpha) }
+    }
+}
