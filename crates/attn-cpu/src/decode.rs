@@ -117,7 +117,7 @@ pub fn run_item<V: Vector, T: CpuElement>(
         let n = KEYS.min(hi - j0);
         let class = mask.classify(item.positions(), j0..j0 + n);
         if class != TileClass::Skip {
-            tile::<V, T>(ctx, item, &mut st, ws, (j0, n, class), hi);
+            V::decode_tile::<T>(ctx, item, &mut st, ws, (j0, n, class), hi);
         }
         j0 += n;
     }
@@ -195,7 +195,7 @@ pub fn run_lockstep<V: Vector, T: CpuElement>(
             // Head after head over the same tile rows, so each tile's rows
             // are consumed whole while they are open.
             for (it, st) in blocks.iter().zip(states.iter_mut()) {
-                tile::<V, T>(ctx, it, st, ws, (j0, n, class), hi);
+                V::decode_tile::<T>(ctx, it, st, ws, (j0, n, class), hi);
             }
         }
         j0 += n;
@@ -207,8 +207,11 @@ pub fn run_lockstep<V: Vector, T: CpuElement>(
 /// and V rows read in place in their own type when each row is contiguous
 /// (the kernels widen 16 elements at a time), else widened into the
 /// workspace first.
+///
+/// Compiled out of line once per level and element type
+/// (`Vector::decode_tile`), not inlined into each path that calls it.
 #[inline(always)]
-fn tile<V: Vector, T: CpuElement>(
+pub fn tile<V: Vector, T: CpuElement>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     st: &mut DecodeState,

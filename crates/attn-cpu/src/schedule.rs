@@ -17,7 +17,7 @@ use crate::element::CpuElement;
 use crate::pack::Hint;
 use crate::simd::{load, store, vectorize, Isa, Op, Vector};
 use crate::softmax::finish_row;
-use crate::tiling::{run_item, run_items, Ctx};
+use crate::tiling::{run_item, Ctx};
 use crate::work::{chunks, row_blocks, split_keys, Item};
 use crate::workspace::{Lease, Workspace};
 use attn_spec::merge_states;
@@ -229,7 +229,7 @@ fn run_and_write<V: Vector, T: CpuElement>(
     ) {
         let w = NV * LANES;
         let dv = ctx.p.shape.head_dim_v;
-        let sms = run_items::<V, T, NV>(ctx, unit, ws);
+        let sms = V::run_items::<T, NV>(ctx, unit, ws);
         for (i, (it, sm)) in unit.iter().zip(&sms).enumerate() {
             let fin: Vec<(f32, f32)> = (0..it.rows())
                 .map(|r| sm.finish(r, sinks.map(|v| v[it.row(r).1])))

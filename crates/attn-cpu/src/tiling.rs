@@ -85,7 +85,7 @@ pub fn run_item<V: Vector, T: CpuElement, const NV: usize>(
     item: &Item,
     ws: &mut Workspace,
 ) -> OnlineSoftmax<V, NV> {
-    let [sm, _] = run_items::<V, T, NV>(ctx, std::slice::from_ref(item), ws);
+    let [sm, _] = V::run_items::<T, NV>(ctx, std::slice::from_ref(item), ws);
     sm
 }
 
@@ -95,6 +95,9 @@ pub fn run_item<V: Vector, T: CpuElement, const NV: usize>(
 /// for when the scheduler pairs blocks). Leaves item `i`'s unnormalised
 /// output in `ws.ot[i * dv * NV*16..]` (`dv x NV*16`) and returns the
 /// softmax states (the second is unused for one item).
+///
+/// Compiled out of line once per level, element type and width
+/// (`Vector::run_items`), not inlined into each path that calls it.
 #[inline(always)]
 pub fn run_items<V: Vector, T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,

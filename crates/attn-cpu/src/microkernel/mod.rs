@@ -57,8 +57,46 @@ macro_rules! kernel_entries {
     ($v:ty $(, $features:literal)?) => {
         mod kernels {
             use super::V16;
+            use $crate::decode::DecodeState;
+            use $crate::element::CpuElement;
             use $crate::microkernel::{dispatch_m, pv, scores};
             use $crate::simd::Vector;
+            use $crate::softmax::OnlineSoftmax;
+            use $crate::tiling::Ctx;
+            use $crate::work::Item;
+            use $crate::workspace::Workspace;
+            use attn_spec::TileClass;
+
+            /// `tiling::run_items` for this level.
+            ///
+            /// # Safety
+            /// The CPU runs this level.
+            $(#[target_feature(enable = $features)])?
+            #[inline(never)]
+            pub unsafe fn run_items<T: CpuElement, const NV: usize>(
+                ctx: &Ctx<'_, T>,
+                items: &[Item],
+                ws: &mut Workspace,
+            ) -> [OnlineSoftmax<V16, NV>; 2] {
+                $crate::tiling::run_items::<V16, T, NV>(ctx, items, ws)
+            }
+
+            /// `decode::tile` for this level.
+            ///
+            /// # Safety
+            /// The CPU runs this level.
+            $(#[target_feature(enable = $features)])?
+            #[inline(never)]
+            pub unsafe fn decode_tile<T: CpuElement>(
+                ctx: &Ctx<'_, T>,
+                item: &Item,
+                st: &mut DecodeState,
+                ws: &mut Workspace,
+                at: (usize, usize, TileClass),
+                hi: usize,
+            ) {
+                $crate::decode::tile::<V16, T>(ctx, item, st, ws, at, hi)
+            }
 
             /// `scores` on `nv` vectors and `m` keys.
             ///

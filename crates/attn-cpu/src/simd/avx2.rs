@@ -11,6 +11,13 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::{Isa, Op, Vector};
+use crate::decode::DecodeState;
+use crate::element::CpuElement;
+use crate::softmax::OnlineSoftmax;
+use crate::tiling::Ctx;
+use crate::work::Item;
+use crate::workspace::Workspace;
+use attn_spec::TileClass;
 use attn_spec::{bf16, f16};
 use std::arch::x86_64::*;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub, SubAssign};
@@ -369,5 +376,27 @@ unsafe impl Vector for V16 {
     ) {
         // SAFETY: forwarded from the caller; the CPU runs this level.
         unsafe { kernels::pv_part(nv, m, v, v_stride, pt, ld, n, ot, alpha) }
+    }
+
+    #[inline(always)]
+    fn run_items<T: CpuElement, const NV: usize>(
+        ctx: &Ctx<'_, T>,
+        items: &[Item],
+        ws: &mut Workspace,
+    ) -> [OnlineSoftmax<Self, NV>; 2] {
+        // SAFETY: a V16 exists only where the CPU runs this level.
+        unsafe { kernels::run_items::<T, NV>(ctx, items, ws) }
+    }
+    #[inline(always)]
+    fn decode_tile<T: CpuElement>(
+        ctx: &Ctx<'_, T>,
+        item: &Item,
+        st: &mut DecodeState,
+        ws: &mut Workspace,
+        at: (usize, usize, TileClass),
+        hi: usize,
+    ) {
+        // SAFETY: a V16 exists only where the CPU runs this level.
+        unsafe { kernels::decode_tile::<T>(ctx, item, st, ws, at, hi) }
     }
 }

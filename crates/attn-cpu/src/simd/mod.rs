@@ -21,7 +21,13 @@ mod portable;
 
 pub use isa::{vectorize, Isa, Op};
 
-use attn_spec::{bf16, f16};
+use crate::decode::DecodeState;
+use crate::element::CpuElement;
+use crate::softmax::OnlineSoftmax;
+use crate::tiling::Ctx;
+use crate::work::Item;
+use crate::workspace::Workspace;
+use attn_spec::{bf16, f16, TileClass};
 use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub, SubAssign};
 
@@ -160,6 +166,24 @@ pub unsafe trait Vector:
             }))
         })
     }
+
+    /// `tiling::run_items` compiled for this level, out of line: one copy
+    /// per element type and block width, whatever calls it.
+    fn run_items<T: CpuElement, const NV: usize>(
+        ctx: &Ctx<'_, T>,
+        items: &[Item],
+        ws: &mut Workspace,
+    ) -> [OnlineSoftmax<Self, NV>; 2];
+    /// `decode::tile` compiled for this level, out of line: one copy per
+    /// element type, shared by the decode paths.
+    fn decode_tile<T: CpuElement>(
+        ctx: &Ctx<'_, T>,
+        item: &Item,
+        st: &mut DecodeState,
+        ws: &mut Workspace,
+        at: (usize, usize, TileClass),
+        hi: usize,
+    );
 
     /// The level's compiled score microkernel (`microkernel::scores`) on
     /// `nv <= KERNEL_VECS` vectors and `m <= mr(nv)` keys.
