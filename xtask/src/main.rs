@@ -5,6 +5,7 @@ mod bench;
 mod candle_cuda;
 mod charts;
 mod check;
+mod cpu_check;
 mod cuda;
 mod downstream;
 mod gpu_check;
@@ -28,7 +29,9 @@ tasks:
   test     the whole test suite: installs NVRTC and ptxas (PyPI wheels, into a virtualenv
            under ~/.cache/attn, once), runs `cargo test --workspace` with the NVRTC tests
            required, then attn-cpu's conformance suite again on every lower SIMD level this
-           CPU runs (ATTN_CPU_ISA=portable, avx2), then `cuda-check`
+           CPU runs (ATTN_CPU_ISA=portable, avx2), then `cpu-check` and `cuda-check`
+  cpu-check   disassemble attn-cpu's kernels (release example, objdump) and fail when a
+           level's microkernels move vector registers to the stack (spills)
   cuda-setup  only the virtualenv of NVRTC and ptxas
   cuda-check  compile every CUDA kernel variant for sm_80 and sm_90 through NVRTC, print
            ptxas's registers, shared memory and spills per variant, fail on a spill in a
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("bench") => bench::run(rest),
         Some("peak") => machine::run_peak(),
+        Some("cpu-check") => cpu_check::run(),
         Some("downstream") => downstream::run(rest),
         Some("verify") => verify::run(rest),
         Some("test") => test(rest),
@@ -110,6 +114,7 @@ fn test(args: &[String]) -> Result<(), String> {
             ));
         }
     }
+    cpu_check::run()?;
     cuda::check(&["--quiet".to_string()])
 }
 

@@ -26,23 +26,48 @@ pub use scores::scores;
 use crate::blocking::LANES;
 use crate::simd::Vector;
 
-/// Calls `$kernel::<V, m, NV>` for a runtime `m` in `1..=12` (the tail of
-/// a loop over keys or value columns).
+/// Calls `$kernel::<V, m, NV>` for a runtime `m` in `1..=max` (the tail
+/// of a loop over keys or value columns), `max` one of 2, 3, 6, 8, 12: only
+/// the shapes a level uses are compiled (a shape past its `mr` would keep
+/// more accumulators than there are registers).
 macro_rules! dispatch_m {
-    ($v:ty, $nv:tt, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
+    ($v:ty, $nv:tt, 2, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
+        match $m {
+            1 => $kernel::<$v, 1, $nv>($($arg),*),
+            _ => $kernel::<$v, 2, $nv>($($arg),*),
+        }
+    };
+    ($v:ty, $nv:tt, 3, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
+        match $m {
+            1 => $kernel::<$v, 1, $nv>($($arg),*),
+            2 => $kernel::<$v, 2, $nv>($($arg),*),
+            _ => $kernel::<$v, 3, $nv>($($arg),*),
+        }
+    };
+    ($v:ty, $nv:tt, 6, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
         match $m {
             1 => $kernel::<$v, 1, $nv>($($arg),*),
             2 => $kernel::<$v, 2, $nv>($($arg),*),
             3 => $kernel::<$v, 3, $nv>($($arg),*),
             4 => $kernel::<$v, 4, $nv>($($arg),*),
             5 => $kernel::<$v, 5, $nv>($($arg),*),
-            6 => $kernel::<$v, 6, $nv>($($arg),*),
+            _ => $kernel::<$v, 6, $nv>($($arg),*),
+        }
+    };
+    ($v:ty, $nv:tt, 8, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
+        match $m {
             7 => $kernel::<$v, 7, $nv>($($arg),*),
             8 => $kernel::<$v, 8, $nv>($($arg),*),
+            _ => dispatch_m!($v, $nv, 6, $m, $kernel($($arg),*)),
+        }
+    };
+    ($v:ty, $nv:tt, 12, $m:expr, $kernel:ident ( $($arg:expr),* )) => {
+        match $m {
             9 => $kernel::<$v, 9, $nv>($($arg),*),
             10 => $kernel::<$v, 10, $nv>($($arg),*),
             11 => $kernel::<$v, 11, $nv>($($arg),*),
-            _ => $kernel::<$v, 12, $nv>($($arg),*),
+            12 => $kernel::<$v, 12, $nv>($($arg),*),
+            _ => dispatch_m!($v, $nv, 8, $m, $kernel($($arg),*)),
         }
     };
 }
@@ -52,9 +77,12 @@ pub(crate) use dispatch_m;
 /// `kernels::pv_part`: [`scores`] and [`pv`] on `nv` vectors and `m` keys
 /// or columns chosen at run time, compiled out of line for the vector type
 /// `$v` with the target features `$features` (none for the portable
-/// level).
+/// level), for the shapes `[nv => mr(nv), ..]` the level uses (they must
+/// match its `Vector::mr` and `KERNEL_VECS`); and `kernels::run_items` and
+/// `kernels::decode_tile`, the level's out-of-line copies of
+/// `tiling::run_items` and `decode::tile`.
 macro_rules! kernel_entries {
-    ($v:ty $(, $features:literal)?) => {
+    ($v:ty, [$($nv:tt => $mr:tt),+] $(, $features:literal)?) => {
         mod kernels {
             use super::V16;
             use $crate::decode::DecodeState;
@@ -120,10 +148,7 @@ macro_rules! kernel_entries {
                 // SAFETY: forwarded from the caller.
                 unsafe {
                     match nv {
-                        1 => dispatch_m!($v, 1, m, scores(k, k_stride, qt, ld, d, s)),
-                        2 if <$v>::KERNEL_VECS >= 2 => dispatch_m!($v, 2, m, scores(k, k_stride, qt, ld, d, s)),
-                        3 if <$v>::KERNEL_VECS >= 3 => dispatch_m!($v, 3, m, scores(k, k_stride, qt, ld, d, s)),
-                        4 if <$v>::KERNEL_VECS >= 4 => dispatch_m!($v, 4, m, scores(k, k_stride, qt, ld, d, s)),
+                        $($nv => dispatch_m!($v, $nv, $mr, m, scores(k, k_stride, qt, ld, d, s)),)+
                         _ => unreachable!("nv = {nv} is checked above"),
                     }
                 }
@@ -153,10 +178,7 @@ macro_rules! kernel_entries {
                 // SAFETY: forwarded from the caller.
                 unsafe {
                     match nv {
-                        1 => dispatch_m!($v, 1, m, pv(v, v_stride, pt, ld, n, ot, alpha)),
-                        2 if <$v>::KERNEL_VECS >= 2 => dispatch_m!($v, 2, m, pv(v, v_stride, pt, ld, n, ot, alpha)),
-                        3 if <$v>::KERNEL_VECS >= 3 => dispatch_m!($v, 3, m, pv(v, v_stride, pt, ld, n, ot, alpha)),
-                        4 if <$v>::KERNEL_VECS >= 4 => dispatch_m!($v, 4, m, pv(v, v_stride, pt, ld, n, ot, alpha)),
+                        $($nv => dispatch_m!($v, $nv, $mr, m, pv(v, v_stride, pt, ld, n, ot, alpha)),)+
                         _ => unreachable!("nv = {nv} is checked above"),
                     }
                 }

@@ -27,7 +27,7 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub, SubAssign};
 #[repr(C)]
 pub struct V16(__m256, __m256);
 
-crate::microkernel::kernel_entries!(V16, "avx2,fma,f16c");
+crate::microkernel::kernel_entries!(V16, [1 => 6], "avx2,fma,f16c");
 
 /// Runs `op` compiled for this level.
 ///

@@ -23,7 +23,11 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub, SubAssign};
 #[repr(transparent)]
 pub struct V16(__m512);
 
-crate::microkernel::kernel_entries!(V16, "avx512f,avx512bw,avx2,fma,f16c");
+crate::microkernel::kernel_entries!(
+    V16,
+    [1 => 12, 2 => 12, 3 => 8, 4 => 6],
+    "avx512f,avx512bw,avx2,fma,f16c"
+);
 
 /// Runs `op` compiled for this level.
 ///

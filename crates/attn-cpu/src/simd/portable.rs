@@ -17,7 +17,7 @@ use wide::{f32x16, i32x16};
 /// Sixteen lanes as `wide` builds them for the baseline.
 pub type V16 = f32x16;
 
-crate::microkernel::kernel_entries!(V16);
+crate::microkernel::kernel_entries!(V16, [1 => 2]);
 
 // SAFETY: nothing here needs more than the target's baseline.
 unsafe impl Vector for V16 {
@@ -35,13 +35,12 @@ unsafe impl Vector for V16 {
 
     #[inline(always)]
     fn mr(_nv: usize) -> usize {
-        // 4 registers per vector: 3 keys keep 12 of x86's 16 registers in
-        // accumulators, 6 keys 24 of aarch64's 32.
-        if cfg!(target_arch = "aarch64") {
-            6
-        } else {
-            3
-        }
+        // 4 registers per vector: 2 keys keep 8 of x86's 16 registers in
+        // accumulators, beside 4 for the streamed operand, a broadcast and
+        // the product SSE2 forms before its add (3 keys spilled, `cargo
+        // xtask cpu-check`); aarch64 has 32 registers and could take more
+        // (not measured).
+        2
     }
     #[inline(always)]
     fn decode_group(r: usize) -> usize {

@@ -1,0 +1,131 @@
+//! `cargo xtask cpu-check`: attn-cpu's kernels keep their accumulators in
+//! registers on every SIMD level. Builds the release example
+//! `crates/attn/examples/downstream.rs` (every level is compiled in:
+//! dispatch is at run time), disassembles it with `objdump`, and counts,
+//! in each level's out-of-line functions (`kernel_entries!`), the
+//! instructions that move a vector register to or from the stack: in the
+//! microkernels (`scores_part`, `pv_part`) every such move is a spill,
+//! and the check fails on one; `run_items` and `decode_tile` (the loop
+//! nest around them) are reported for information.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+/// The functions whose vector stack traffic fails the check.
+const KERNELS: &[&str] = &["scores_part", "pv_part"];
+
+pub fn run() -> Result<(), String> {
+    let root = crate::root();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "attn",
+            "--example",
+            "downstream",
+        ])
+        .current_dir(&root)
+        .status()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !st.success() {
+        return Err("building the example failed".into());
+    }
+    let exe = crate::target_dir().join("release/examples/downstream");
+    let out = Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn", "-C"])
+        .arg(&exe)
+        .output()
+        .map_err(|e| format!("objdump (binutils) is needed: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("objdump {} failed", exe.display()));
+    }
+    let asm = String::from_utf8_lossy(&out.stdout);
+    let counts = stack_moves(&asm);
+    if counts.is_empty() {
+        return Err("no attn-cpu kernel found in the disassembly".into());
+    }
+    println!("| level | function | instructions | vector stack moves |\n|---|---|---|---|");
+    let mut spills = Vec::new();
+    for ((level, func), (n, moves)) in &counts {
+        println!("| {level} | {func} | {n} | {moves} |");
+        if KERNELS.contains(&func.as_str()) && *moves > 0 {
+            spills.push(format!("{level}::{func} ({moves})"));
+        }
+    }
+    for level in ["portable", "avx2", "avx512"] {
+        for func in KERNELS {
+            if !counts.contains_key(&(level.to_string(), func.to_string())) {
+                return Err(format!("{level}::{func} is missing from the disassembly"));
+            }
+        }
+    }
+    if spills.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "microkernels spill vector registers: {}",
+            spills.join(", ")
+        ))
+    }
+}
+
+/// Per `(level, function)` of `attn_cpu::simd::<level>::kernels::`, its
+/// instruction count and how many of its instructions move an xmm, ymm or
+/// zmm register to or from a stack slot.
+fn stack_moves(asm: &str) -> BTreeMap<(String, String), (usize, usize)> {
+    let mut counts = BTreeMap::new();
+    let mut current: Option<(String, String)> = None;
+    for line in asm.lines() {
+        if let Some(name) = line.strip_suffix(">:").and_then(|l| l.split_once(" <")) {
+            current = kernel_name(name.1);
+            continue;
+        }
+        let Some(key) = &current else { continue };
+        let Some((_, insn)) = line.split_once(":\t") else {
+            continue;
+        };
+        let e = counts.entry(key.clone()).or_insert((0, 0));
+        e.0 += 1;
+        let vector = ["%xmm", "%ymm", "%zmm"].iter().any(|r| insn.contains(r));
+        if vector && insn.contains("(%rsp)") {
+            e.1 += 1;
+        }
+    }
+    counts
+}
+
+/// `(level, function)` of a demangled symbol in a level's `kernels` module.
+fn kernel_name(symbol: &str) -> Option<(String, String)> {
+    let rest = symbol.strip_prefix("attn_cpu::simd::")?;
+    let (level, rest) = rest.split_once("::kernels::")?;
+    let func: String = rest
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    Some((level.to_string(), func))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_vector_stack_moves_per_kernel() {
+        let asm = "\
+0000000000001000 <attn_cpu::simd::avx2::kernels::scores_part>:
+    1000:\tvmovups (%rsi),%ymm0
+    1004:\tvmovups %ymm3,0x20(%rsp)
+    1008:\tmov    0x8(%rsp),%rax
+0000000000002000 <attn_cpu::simd::avx2::kernels::run_items<f32, 4>>:
+    2000:\tvfmadd231ps 0x40(%rsp),%ymm1,%ymm2
+0000000000003000 <other::function>:
+    3000:\tvmovups %ymm3,0x20(%rsp)
+";
+        let c = stack_moves(asm);
+        assert_eq!(c[&("avx2".into(), "scores_part".into())], (3, 1));
+        assert_eq!(c[&("avx2".into(), "run_items".into())], (1, 1));
+        assert_eq!(c.len(), 2);
+    }
+}
