@@ -1,7 +1,7 @@
 //! `cargo xtask cpu-check`: attn-cpu's kernels keep their accumulators in
-//! registers on every SIMD level. Builds the release example
-//! `crates/attn/examples/downstream.rs` (every level is compiled in:
-//! dispatch is at run time), disassembles it with `objdump`, and counts,
+//! registers on every SIMD level. Disassembles its own executable (a
+//! release build that links attn-cpu's forward pass, every level compiled
+//! in: dispatch is at run time) with `objdump`, and counts,
 //! in each level's out-of-line functions (`kernel_entries!`), the
 //! instructions that move a vector register to or from the stack: in the
 //! microkernels (`scores_part`, `pv_part`) every such move is a spill,
@@ -15,24 +15,10 @@ use std::process::Command;
 const KERNELS: &[&str] = &["scores_part", "pv_part"];
 
 pub fn run() -> Result<(), String> {
-    let root = crate::root();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "attn",
-            "--example",
-            "downstream",
-        ])
-        .current_dir(&root)
-        .status()
-        .map_err(|e| format!("cargo: {e}"))?;
-    if !st.success() {
-        return Err("building the example failed".into());
-    }
-    let exe = crate::target_dir().join("release/examples/downstream");
+    // This very program links attn-cpu's forward pass (the bench checks
+    // every backend), built with the workspace's release profile: every
+    // level's kernels are in it, as in any release build.
+    let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
     let out = Command::new("objdump")
         .args(["-d", "--no-show-raw-insn", "-C"])
         .arg(&exe)

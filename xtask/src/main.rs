@@ -30,8 +30,8 @@ tasks:
            under ~/.cache/attn, once), runs `cargo test --workspace` with the NVRTC tests
            required, then attn-cpu's conformance suite again on every lower SIMD level this
            CPU runs (ATTN_CPU_ISA=portable, avx2), then `cpu-check` and `cuda-check`
-  cpu-check   disassemble attn-cpu's kernels (release example, objdump) and fail when a
-           level's microkernels move vector registers to the stack (spills)
+  cpu-check   disassemble attn-cpu's kernels (in this release executable, with objdump) and
+           fail when a level's microkernels move vector registers to the stack (spills)
   cuda-setup  only the virtualenv of NVRTC and ptxas
   cuda-check  compile every CUDA kernel variant for sm_80 and sm_90 through NVRTC, print
            ptxas's registers, shared memory and spills per variant, fail on a spill in a
