@@ -209,7 +209,7 @@ pub fn run_lockstep<V: Vector, T: CpuElement>(
 /// workspace first.
 ///
 /// Compiled out of line once per level and element type
-/// (`Vector::decode_tile`), not inlined into each path that calls it.
+/// (`Kernels::decode_tile`), not inlined into each path that calls it.
 #[inline(always)]
 pub fn tile<V: Vector, T: CpuElement>(
     ctx: &Ctx<'_, T>,

@@ -97,7 +97,7 @@ pub fn run_item<V: Vector, T: CpuElement, const NV: usize>(
 /// softmax states (the second is unused for one item).
 ///
 /// Compiled out of line once per level, element type and width
-/// (`Vector::run_items`), not inlined into each path that calls it.
+/// (`Kernels::run_items`), not inlined into each path that calls it.
 #[inline(always)]
 pub fn run_items<V: Vector, T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,

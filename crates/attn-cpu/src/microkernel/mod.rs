@@ -8,7 +8,7 @@
 //! is aligned; results are written with plain stores. The kernels are
 //! written once, generic over the vector type, and compiled per level out
 //! of line (`kernel_entries!`, one `scores_part` / `pv_part` per level,
-//! called through `Vector::scores_part` / `Vector::pv_part`): their
+//! called through `simd::Kernels::scores_part` / `pv_part`): their
 //! register allocation is then the kernel's own, whatever loop nest calls
 //! them. [`scores_vecs`] and [`pv_vecs`] cut a block wider than a level's
 //! kernel into calls it takes. `decode` holds the two kernels of the
@@ -80,7 +80,8 @@ pub(crate) use dispatch_m;
 /// level), for the shapes `[nv => mr(nv), ..]` the level uses (they must
 /// match its `Vector::mr` and `KERNEL_VECS`); and `kernels::run_items` and
 /// `kernels::decode_tile`, the level's out-of-line copies of
-/// `tiling::run_items` and `decode::tile`.
+/// `tiling::run_items` and `decode::tile`; and the level's
+/// `simd::Kernels`, which reaches them.
 macro_rules! kernel_entries {
     ($v:ty, [$($nv:tt => $mr:tt),+] $(, $features:literal)?) => {
         mod kernels {
@@ -182,6 +183,59 @@ macro_rules! kernel_entries {
                         _ => unreachable!("nv = {nv} is checked above"),
                     }
                 }
+            }
+        }
+        impl $crate::simd::Kernels for $v {
+            #[inline(always)]
+            fn run_items<T: $crate::element::CpuElement, const NV: usize>(
+                ctx: &$crate::tiling::Ctx<'_, T>,
+                items: &[$crate::work::Item],
+                ws: &mut $crate::workspace::Workspace,
+            ) -> [$crate::softmax::OnlineSoftmax<Self, NV>; 2] {
+                // SAFETY: a vector of this level exists only where the CPU
+                // runs it (the `Vector` contract).
+                unsafe { kernels::run_items::<T, NV>(ctx, items, ws) }
+            }
+            #[inline(always)]
+            fn decode_tile<T: $crate::element::CpuElement>(
+                ctx: &$crate::tiling::Ctx<'_, T>,
+                item: &$crate::work::Item,
+                st: &mut $crate::decode::DecodeState,
+                ws: &mut $crate::workspace::Workspace,
+                at: (usize, usize, attn_spec::TileClass),
+                hi: usize,
+            ) {
+                // SAFETY: as above.
+                unsafe { kernels::decode_tile::<T>(ctx, item, st, ws, at, hi) }
+            }
+            #[inline(always)]
+            unsafe fn scores_part(
+                nv: usize,
+                m: usize,
+                k: *const f32,
+                k_stride: usize,
+                qt: *const f32,
+                ld: usize,
+                d: usize,
+                s: *mut f32,
+            ) {
+                // SAFETY: forwarded from the caller; the CPU runs this level.
+                unsafe { kernels::scores_part(nv, m, k, k_stride, qt, ld, d, s) }
+            }
+            #[inline(always)]
+            unsafe fn pv_part(
+                nv: usize,
+                m: usize,
+                v: *const f32,
+                v_stride: usize,
+                pt: *const f32,
+                ld: usize,
+                n: usize,
+                ot: *mut f32,
+                alpha: Option<&[Self]>,
+            ) {
+                // SAFETY: forwarded from the caller; the CPU runs this level.
+                unsafe { kernels::pv_part(nv, m, v, v_stride, pt, ld, n, ot, alpha) }
             }
         }
     };

@@ -7,13 +7,6 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::{Isa, Op, Vector};
-use crate::decode::DecodeState;
-use crate::element::CpuElement;
-use crate::softmax::OnlineSoftmax;
-use crate::tiling::Ctx;
-use crate::work::Item;
-use crate::workspace::Workspace;
-use attn_spec::TileClass;
 use attn_spec::{bf16, f16};
 use std::arch::x86_64::*;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub, SubAssign};
@@ -377,57 +370,5 @@ unsafe impl Vector for V16 {
                 V16(_mm512_shuffle_f32x4::<0xDD>(x1, y1)),
             ]
         }
-    }
-
-    #[inline(always)]
-    unsafe fn scores_part(
-        nv: usize,
-        m: usize,
-        k: *const f32,
-        k_stride: usize,
-        qt: *const f32,
-        ld: usize,
-        d: usize,
-        s: *mut f32,
-    ) {
-        // SAFETY: forwarded from the caller; the CPU runs this level.
-        unsafe { kernels::scores_part(nv, m, k, k_stride, qt, ld, d, s) }
-    }
-    #[inline(always)]
-    unsafe fn pv_part(
-        nv: usize,
-        m: usize,
-        v: *const f32,
-        v_stride: usize,
-        pt: *const f32,
-        ld: usize,
-        n: usize,
-        ot: *mut f32,
-        alpha: Option<&[Self]>,
-    ) {
-        // SAFETY: forwarded from the caller; the CPU runs this level.
-        unsafe { kernels::pv_part(nv, m, v, v_stride, pt, ld, n, ot, alpha) }
-    }
-
-    #[inline(always)]
-    fn run_items<T: CpuElement, const NV: usize>(
-        ctx: &Ctx<'_, T>,
-        items: &[Item],
-        ws: &mut Workspace,
-    ) -> [OnlineSoftmax<Self, NV>; 2] {
-        // SAFETY: a V16 exists only where the CPU runs this level.
-        unsafe { kernels::run_items::<T, NV>(ctx, items, ws) }
-    }
-    #[inline(always)]
-    fn decode_tile<T: CpuElement>(
-        ctx: &Ctx<'_, T>,
-        item: &Item,
-        st: &mut DecodeState,
-        ws: &mut Workspace,
-        at: (usize, usize, TileClass),
-        hi: usize,
-    ) {
-        // SAFETY: a V16 exists only where the CPU runs this level.
-        unsafe { kernels::decode_tile::<T>(ctx, item, st, ws, at, hi) }
     }
 }

@@ -58,6 +58,7 @@ pub unsafe trait Vector:
     + SubAssign
     + MulAssign
     + From<[f32; 16]>
+    + Kernels
 {
     /// The level this type belongs to.
     const ISA: Isa;
@@ -166,7 +167,12 @@ pub unsafe trait Vector:
             }))
         })
     }
+}
 
+/// A level's kernels compiled out of line (`microkernel::kernel_entries!`
+/// writes the implementation, one per level, beside its
+/// `#[target_feature]` functions).
+pub trait Kernels: Sized {
     /// `tiling::run_items` compiled for this level, out of line: one copy
     /// per element type and block width, whatever calls it.
     fn run_items<T: CpuElement, const NV: usize>(
