@@ -9,6 +9,7 @@
 //! [`run_suite`] runs the whole suite without the test harness, for
 //! `cargo xtask verify` on a user's machine.
 
+pub mod backward;
 pub mod case;
 pub mod check;
 pub mod errors;

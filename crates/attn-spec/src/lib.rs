@@ -8,6 +8,8 @@
 //!   row, tile classifier);
 //! - typed errors ([`AttnError`]);
 //! - the backend trait ([`Backend`]) and [`merge_states`];
+//! - the backward pass ([`Backward`]: dQ, dK, dV, and the gradients of
+//!   the bias and the sinks);
 //! - the oracle: the f64 [`Reference`] backend, and an independent dense
 //!   formulation ([`dense::attend_dense`]) that checks it;
 //! - [`MultiHeadAttention`] over any backend.
@@ -33,6 +35,7 @@ mod backend;
 pub mod dense;
 mod dtype;
 mod error;
+mod grad;
 mod mask;
 mod merge;
 mod mha;
@@ -44,6 +47,9 @@ mod tensor;
 pub use backend::{check_buffers, check_call, Backend, Inputs, Output};
 pub use dtype::{round_to, DType, Element};
 pub use error::{AttnError, Result};
+pub use grad::{
+    check_backward_call, Backward, GradBuffers, GradInputs, GradOutputs, GradRequest, Grads,
+};
 pub use mask::{SeqMask, TileClass};
 pub use merge::merge_states;
 pub use mha::{MhaConfig, MhaWeights, MultiHeadAttention};

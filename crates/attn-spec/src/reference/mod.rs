@@ -15,6 +15,8 @@ use crate::problem::{BufferInfo, Problem};
 use crate::tensor::HostData;
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
+pub mod backward;
+
 /// Arithmetic the reference can run in (f64, or f32 for the low-precision
 /// comparison).
 pub trait Real:
@@ -122,7 +124,7 @@ fn attend_in<T: Real>(
     want_probs: bool,
 ) -> RefResult {
     let s = p.shape;
-    let (dk, dv) = (s.head_dim_qk, s.head_dim_v);
+    let dv = s.head_dim_v;
     let mut out = vec![0.0; s.batch * s.q_len * s.q_heads * dv];
     let mut lse = vec![f64::NEG_INFINITY; s.batch * s.q_heads * s.q_len];
     let mut probs = want_probs.then(|| vec![0.0; s.batch * s.q_heads * s.q_len * s.kv_len]);
@@ -138,33 +140,9 @@ fn attend_in<T: Real>(
                 // Steps 1-5: the score of every visible key.
                 scores.clear();
                 for j in m.kv_range(i) {
-                    if let (Some(mv), Some(mb)) = (&p.mask, inp.mask) {
-                        if mb.get(mv.index([b, h, i, j])) == 0.0 {
-                            continue;
-                        }
+                    if let Some((x, _)) = score(p, &inp, (b, h, i, j), scale) {
+                        scores.push((j, x));
                     }
-                    let mut dot = T::of(0.0);
-                    for d in 0..dk {
-                        let q = T::of(inp.q.get(p.q.index([b, i, h, d])));
-                        let k = T::of(inp.k.get(p.k.index([b, j, kvh, d])));
-                        dot = dot + q * k;
-                    }
-                    let mut x = scale * dot;
-                    if let Some(cap) = o.softcap {
-                        let cap = T::of(cap.into());
-                        x = cap * (x / cap).tanh();
-                    }
-                    if let Some(sl) = &o.alibi_slopes {
-                        let dist = (j as i64 - m.diagonal(i)).unsigned_abs() as f64;
-                        x = x - T::of(sl[h].into()) * T::of(dist);
-                    }
-                    if let (Some(bd), Some(bb)) = (&p.bias, inp.bias) {
-                        x = x + T::of(bb.get(bd.view.index([b, h, i, j])));
-                    }
-                    if x.f64() == f64::NEG_INFINITY {
-                        continue; // a -inf bias masks the pair
-                    }
-                    scores.push((j, x));
                 }
                 // Steps 6-7: softmax with the sink in the denominator.
                 // NaN-propagating maximum: a NaN score or sink makes the row NaN.
@@ -205,6 +183,52 @@ fn attend_in<T: Real>(
         }
     }
     RefResult { out, lse, probs }
+}
+
+/// Steps 1-5 of the contract for one pair: the score `x` and its
+/// derivative with respect to the dot product `q . k` (`scale`, times
+/// `1 - tanh^2` under soft-capping), or `None` when the pair is excluded
+/// by the boolean mask or a `-inf` score. The caller keeps `j` inside the
+/// row's window ([`crate::SeqMask::kv_range`]).
+pub fn score<T: Real>(
+    p: &Problem,
+    inp: &Inputs<'_, HostData>,
+    (b, h, i, j): (usize, usize, usize, usize),
+    scale: T,
+) -> Option<(T, T)> {
+    let s = p.shape;
+    let o = &p.options;
+    let kvh = s.kv_head(h);
+    if let (Some(mv), Some(mb)) = (&p.mask, inp.mask) {
+        if mb.get(mv.index([b, h, i, j])) == 0.0 {
+            return None;
+        }
+    }
+    let mut dot = T::of(0.0);
+    for d in 0..s.head_dim_qk {
+        let q = T::of(inp.q.get(p.q.index([b, i, h, d])));
+        let k = T::of(inp.k.get(p.k.index([b, j, kvh, d])));
+        dot = dot + q * k;
+    }
+    let mut x = scale * dot;
+    let mut slope = scale;
+    if let Some(cap) = o.softcap {
+        let cap = T::of(cap.into());
+        let t = (x / cap).tanh();
+        x = cap * t;
+        slope = scale * (T::of(1.0) - t * t);
+    }
+    if let Some(sl) = &o.alibi_slopes {
+        let dist = (j as i64 - p.seq_mask(b).diagonal(i)).unsigned_abs() as f64;
+        x = x - T::of(sl[h].into()) * T::of(dist);
+    }
+    if let (Some(bd), Some(bb)) = (&p.bias, inp.bias) {
+        x = x + T::of(bb.get(bd.view.index([b, h, i, j])));
+    }
+    if x.f64() == f64::NEG_INFINITY {
+        return None; // a -inf bias masks the pair
+    }
+    Some((x, slope))
 }
 
 /// Writes a contiguous `[batch, q_len, q_heads, head_dim_v]` result and its
