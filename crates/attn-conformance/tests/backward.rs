@@ -133,7 +133,7 @@ proptest! {
                 let x0 = case.problem.options.sinks.as_ref().unwrap()[h];
                 // Sinks are f32: step by a representable amount and divide by it.
                 let step = 2f32.powi(-12);
-                let mut at = |x: f32, c: &mut Case| {
+                let at = |x: f32, c: &mut Case| {
                     c.problem.options.sinks.as_mut().unwrap()[h] = x;
                     loss(c, &bc.d_out)
                 };

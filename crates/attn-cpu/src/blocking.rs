@@ -58,6 +58,23 @@
 //!   row blocks than this (see `work::split_keys`): enough blocks to keep
 //!   any core count of a workstation busy otherwise.
 
+/// Query rows per block of the backward pass: a multiple of every level's
+/// `mr(1)` (2, 6, 12) so the products' row loops need no remainder, and
+/// large enough that a key block's packed K, K^T and V^T (48 KiB at d =
+/// 128) are reused by 96 rows. One query block's Q and dO rows, its three
+/// 96 x 48 tiles and a key block's dK and dV accumulators take about 250
+/// KiB at d = 128: L2-resident on every target core.
+pub const BWD_ROWS: usize = 96;
+
+/// Keys per block of the backward pass: three vectors of 16, a multiple
+/// of every level's `mr(1)` (the dK and dV products run over keys).
+pub const BWD_KEYS: usize = 48;
+
+/// The backward pass cuts each (batch, K/V head) unit's key blocks into
+/// chunks until there are at least this many tasks (see `backward/`), a
+/// function of the shape only: results never depend on the thread count.
+pub const BWD_MIN_TASKS: usize = 16;
+
 /// Width of the SIMD vector in f32 lanes.
 pub const LANES: usize = 16;
 

@@ -17,6 +17,7 @@
 //! `work.rs` (cutting a problem into blocks), `schedule.rs` (threads),
 //! `linear.rs` (projections through the `gemm` crate).
 
+mod backward;
 mod bias;
 mod blocking;
 mod decode;

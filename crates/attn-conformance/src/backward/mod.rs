@@ -133,7 +133,7 @@ pub fn compare(got: &RefGrads, want: &RefGrads, bounds: &RefGrads) -> Result<(),
         }
         for (e, ((&gv, &wv), &bv)) in g.iter().zip(w).zip(b).enumerate() {
             let err = (gv - wv).abs();
-            if !(err <= bv) {
+            if err.is_nan() || err > bv {
                 return Err(format!(
                     "{name}[{e}] (contiguous index) = {gv:e}, reference {wv:e}: error {err:e} exceeds the bound {bv:e}"
                 ));
@@ -274,6 +274,16 @@ fn expect_pass<B: Backward>(backend: &B, name: &str, bc: &BackCase) -> Result<()
 
 type Expect = fn(&AttnError) -> bool;
 
+/// One bad-input check: its name, problem, forward inputs, request and
+/// the error it must give.
+type Check<'a, B> = (
+    &'static str,
+    Problem,
+    GradInputs<'a, B>,
+    GradRequest,
+    Expect,
+);
+
 /// Bad input to the backward pass: each gives the typed error that names
 /// the tensor.
 pub fn errors<B: Backward>(backend: &B) -> Result<(), String> {
@@ -302,13 +312,7 @@ pub fn errors<B: Backward>(backend: &B) -> Result<(), String> {
     no_sinks.options.sinks = None;
     let mut aliasing = p.clone();
     aliasing.q.strides[1] = 0;
-    let checks: Vec<(
-        &str,
-        Problem,
-        GradInputs<'_, B::Buffer>,
-        GradRequest,
-        Expect,
-    )> = vec![
+    let checks: Vec<Check<'_, B::Buffer>> = vec![
         (
             "no lse",
             p.clone(),

@@ -17,6 +17,7 @@
 //! below, on every level the CPU runs.
 
 pub mod decode;
+pub mod gemm;
 mod pv;
 mod scores;
 
@@ -127,6 +128,21 @@ macro_rules! kernel_entries {
                 $crate::decode::tile::<V16, T>(ctx, item, st, ws, at, hi)
             }
 
+            /// `backward::task::run` for this level.
+            ///
+            /// # Safety
+            /// The CPU runs this level.
+            $(#[target_feature(enable = $features)])?
+            #[inline(never)]
+            pub unsafe fn backward_task<T: CpuElement>(
+                ctx: &$crate::backward::Ctx<'_, T>,
+                outs: &$crate::backward::Outs<T>,
+                task: &$crate::backward::Task,
+                ws: &mut $crate::backward::task::Scratch,
+            ) {
+                $crate::backward::task::run::<V16, T>(ctx, outs, task, ws)
+            }
+
             /// `scores` on `nv` vectors and `m` keys.
             ///
             /// # Safety
@@ -207,6 +223,16 @@ macro_rules! kernel_entries {
             ) {
                 // SAFETY: as above.
                 unsafe { kernels::decode_tile::<T>(ctx, item, st, ws, at, hi) }
+            }
+            #[inline(always)]
+            fn backward_task<T: $crate::element::CpuElement>(
+                ctx: &$crate::backward::Ctx<'_, T>,
+                outs: &$crate::backward::Outs<T>,
+                task: &$crate::backward::Task,
+                ws: &mut $crate::backward::task::Scratch,
+            ) {
+                // SAFETY: as above.
+                unsafe { kernels::backward_task::<T>(ctx, outs, task, ws) }
             }
             #[inline(always)]
             unsafe fn scores_part(

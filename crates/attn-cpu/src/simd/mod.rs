@@ -191,6 +191,15 @@ pub trait Kernels: Sized {
         hi: usize,
     );
 
+    /// `backward::task::run` compiled for this level, out of line: one
+    /// copy per element type.
+    fn backward_task<T: CpuElement>(
+        ctx: &crate::backward::Ctx<'_, T>,
+        outs: &crate::backward::Outs<T>,
+        task: &crate::backward::Task,
+        ws: &mut crate::backward::task::Scratch,
+    );
+
     /// The level's compiled score microkernel (`microkernel::scores`) on
     /// `nv <= KERNEL_VECS` vectors and `m <= mr(nv)` keys.
     ///

@@ -1,0 +1,450 @@
+//! The backward pass on the CPU: FlashAttention-2's algorithm with the
+//! microkernel discipline and run-time ISA dispatch of the forward.
+//!
+//! `D = rowsum(dO * O)` first; then each probability tile is recomputed
+//! from the stored log-sum-exp, so nothing of size `S x S` is ever formed
+//! (`task.rs`). Work is cut by the shape alone, never by the thread
+//! count, so results are bitwise identical for any number of threads:
+//!
+//! - a unit is one (batch entry, K/V head), the query heads of its GQA
+//!   group processed together (their dK/dV sum in one place, in head
+//!   order);
+//! - when there are fewer units than [`BWD_MIN_TASKS`], the key blocks of
+//!   each unit are cut into that many chunks at fixed boundaries: each
+//!   chunk's dK and dV are complete by themselves, and its dQ is a partial
+//!   sum that is added up afterwards in chunk order. So at batch 1 with
+//!   few heads both cores still work (PyTorch's CPU backward gives each
+//!   thread one batch x head and leaves them idle there), with no atomics
+//!   and no second pass over the keys.
+//!
+//! Memory beyond inputs and gradients: the f32 partial dQ rows (chunks x
+//! the unit's rows x head dim, a multiple of dQ's size only when chunks
+//! are needed), a scratch for a broadcast bias's gradient (per unit, then
+//! summed) and a few hundred KiB per task.
+
+pub mod task;
+
+use crate::blocking::{BWD_KEYS, BWD_MIN_TASKS, BWD_ROWS, LANES};
+use crate::element::CpuElement;
+use crate::simd::{vectorize, Isa, Op, Vector};
+use crate::{typed, Cpu};
+use attn_spec::{
+    check_backward_call, AttnError, Backward, GradInputs, GradOutputs, HostData, Inputs, Problem,
+    Result, View,
+};
+use rayon::prelude::*;
+use std::ops::Range;
+use task::round_up;
+
+/// The read-only side of a backward call.
+pub struct Ctx<'a, T> {
+    /// The problem.
+    pub p: &'a Problem,
+    /// Q, K, V, dO in their views.
+    pub q: &'a [T],
+    /// K.
+    pub k: &'a [T],
+    /// V.
+    pub v: &'a [T],
+    /// dO, laid out as the output.
+    pub d_out: &'a [T],
+    /// The forward's log-sum-exp `[batch, q_heads, q_len]`.
+    pub lse: &'a [f32],
+    /// `D = rowsum(dO * O)`, `[batch, q_heads, q_len]`.
+    pub d: &'a [f32],
+    /// The bias and its view.
+    pub bias: Option<(&'a HostData, View)>,
+    /// The boolean mask and its view.
+    pub mask: Option<(&'a [bool], View)>,
+}
+
+/// One task: a unit (batch entry, K/V head) over a chunk of key blocks.
+#[derive(Clone, Debug)]
+pub struct Task {
+    /// Batch entry.
+    pub b: usize,
+    /// K/V head.
+    pub kvh: usize,
+    /// The chunk's index.
+    pub chunk: usize,
+    /// Its key blocks (of `BWD_KEYS` keys).
+    pub blocks: Range<usize>,
+}
+
+/// The cut of a problem into tasks: `chunks` per unit.
+struct Plan {
+    chunks: usize,
+    per_chunk: usize,
+    /// Partial dQ rows per head (`q_len` rounded up to `BWD_ROWS`).
+    rows: usize,
+}
+
+impl Plan {
+    fn of(p: &Problem) -> Plan {
+        let s = p.shape;
+        let units = s.batch * s.kv_heads;
+        let blocks = s.kv_len.div_ceil(BWD_KEYS).max(1);
+        let chunks = BWD_MIN_TASKS.div_ceil(units).clamp(1, blocks);
+        let per_chunk = blocks.div_ceil(chunks);
+        Plan {
+            chunks: blocks.div_ceil(per_chunk),
+            per_chunk,
+            rows: round_up(s.q_len, BWD_ROWS),
+        }
+    }
+
+    fn tasks(&self, p: &Problem) -> Vec<Task> {
+        let s = p.shape;
+        let blocks = s.kv_len.div_ceil(BWD_KEYS);
+        let mut v = Vec::new();
+        for b in 0..s.batch {
+            for kvh in 0..s.kv_heads {
+                for c in 0..self.chunks {
+                    let lo = (c * self.per_chunk).min(blocks);
+                    let hi = ((c + 1) * self.per_chunk).min(blocks);
+                    v.push(Task {
+                        b,
+                        kvh,
+                        chunk: c,
+                        blocks: lo..hi,
+                    });
+                }
+            }
+        }
+        v
+    }
+}
+
+/// Where tasks write: dK and dV (each key row by the one task of its
+/// block), the partial dQ rows (each task its own), the bias gradient or
+/// its per-unit scratch (each task its unit's rows of its keys).
+pub struct Outs<T> {
+    dk: *mut T,
+    dk_len: usize,
+    dv: *mut T,
+    dv_len: usize,
+    parts: *mut f32,
+    parts_len: usize,
+    dbias: *mut f32,
+    dbias_len: usize,
+    /// Head slices of the bias scratch: `q_heads`, or `kv_heads` when the
+    /// bias is shared by the heads (a task sums its group's heads).
+    dbias_heads: usize,
+    /// Chunks per unit, partial rows per head, head dim padded, group.
+    layout: (usize, usize, usize, usize),
+    /// `[q_heads, q_len, kv_len]` of the problem, for the bias scratch.
+    sizes: (usize, usize, usize, usize),
+}
+
+// SAFETY: the pointers are written only through `write_kv`, `part_rows`
+// and `add_dbias`, at elements that exactly one task writes (key rows of
+// its own blocks; its own partial rows; its unit's bias rows at its own
+// keys), while the buffers are borrowed mutably for the whole parallel
+// section; the gradient views were validated not to alias.
+unsafe impl<T: Send> Send for Outs<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Outs<T> {}
+
+impl<T: CpuElement> Outs<T> {
+    /// Whether the bias gradient is computed.
+    pub fn has_dbias(&self) -> bool {
+        !self.dbias.is_null()
+    }
+
+    /// Adds `ds` (the keys `j..j + ds.len()` of row `(b, h, i)`) into the
+    /// bias gradient's scratch.
+    pub fn add_dbias(&self, (b, h, i): (usize, usize, usize), j: usize, ds: &[f32]) {
+        let (hq, ql, kl, group) = self.sizes;
+        let hs = if self.dbias_heads == hq { h } else { h / group };
+        let at = ((b * self.dbias_heads + hs) * ql + i) * kl + j;
+        assert!(at + ds.len() <= self.dbias_len);
+        for (e, &x) in ds.iter().enumerate() {
+            // SAFETY: in bounds (asserted); only this task writes its
+            // unit's rows at its keys.
+            unsafe { *self.dbias.add(at + e) += x };
+        }
+    }
+
+    /// The partial dQ rows `i0..i0 + rows` of head `hh` of `task`'s group.
+    pub fn part_rows(&self, task: &Task, hh: usize, i0: usize, rows: usize) -> *mut f32 {
+        let (chunks, per_head, dqkp, group) = self.layout;
+        let kvh_all = self.sizes.0 / group;
+        let unit = task.b * kvh_all + task.kvh;
+        let at = (((unit * chunks + task.chunk) * group + hh) * per_head + i0) * dqkp;
+        assert!(i0 + rows <= per_head && at + rows * dqkp <= self.parts_len);
+        // SAFETY: in bounds (asserted).
+        unsafe { self.parts.add(at) }
+    }
+
+    /// Writes dK and dV of keys `j0..j0 + n` of `(b, kvh)` from the f32
+    /// rows `dk` (stride `dqkp`) and `dv` (stride `dvp`).
+    pub fn write_kv(
+        &self,
+        ctx: &Ctx<'_, T>,
+        (b, kvh, j0, n): (usize, usize, usize, usize),
+        (dk, dqkp): (&[f32], usize),
+        (dv, dvp): (&[f32], usize),
+    ) {
+        let p = ctx.p;
+        let s = p.shape;
+        let targets = [
+            (self.dk, self.dk_len, &p.k, dk, dqkp, s.head_dim_qk),
+            (self.dv, self.dv_len, &p.v, dv, dvp, s.head_dim_v),
+        ];
+        for (dst, len, view, src, stride, dim) in targets {
+            for r in 0..n {
+                for d in 0..dim {
+                    let at = view.index([b, j0 + r, kvh, d]);
+                    assert!(at < len);
+                    // SAFETY: in bounds (asserted); key row j0 + r of head
+                    // kvh is written by this task only.
+                    unsafe { *dst.add(at) = T::from_f32(src[r * stride + d]) };
+                }
+            }
+        }
+    }
+}
+
+/// One task as a vectorised computation.
+struct TaskOp<'a, T> {
+    ctx: &'a Ctx<'a, T>,
+    outs: &'a Outs<T>,
+    task: &'a Task,
+}
+
+impl<T: CpuElement> Op for TaskOp<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run<V: Vector>(self) {
+        let s = self.ctx.p.shape;
+        let mut ws = task::Scratch::new(s.head_dim_qk, s.head_dim_v);
+        V::backward_task(self.ctx, self.outs, self.task, &mut ws);
+    }
+}
+
+fn zero_view<T: CpuElement>(buf: &mut [T], view: &View) {
+    let [a, b, c, d] = view.dims;
+    for i in 0..a {
+        for j in 0..b {
+            for k in 0..c {
+                for l in 0..d {
+                    buf[view.index([i, j, k, l])] = T::from_f32(0.0);
+                }
+            }
+        }
+    }
+}
+
+fn typed_mut<'a, T: CpuElement>(d: &'a mut HostData, name: &'static str) -> Result<&'a mut [T]> {
+    let got = d.dtype();
+    T::host_mut(d).ok_or(AttnError::DType {
+        tensor: name,
+        expected: T::DTYPE.to_string(),
+        got,
+    })
+}
+
+fn f32_mut<'a>(d: &'a mut HostData, name: &'static str) -> Result<&'a mut [f32]> {
+    typed_mut::<f32>(d, name)
+}
+
+fn backward_typed<T: CpuElement>(
+    (par, isa): (bool, Isa),
+    p: &Problem,
+    inputs: Inputs<'_, HostData>,
+    fwd: GradInputs<'_, HostData>,
+    grads: GradOutputs<'_, HostData>,
+) -> Result<()> {
+    let s = p.shape;
+    let out = typed::<T>(fwd.out, "out")?;
+    let d_out = typed::<T>(fwd.d_out, "d_out")?;
+    let lse = typed::<f32>(fwd.lse.expect("checked"), "lse")?;
+    // D = rowsum(dO * O), f32.
+    let mut d = vec![0.0f32; s.batch * s.q_heads * s.q_len];
+    for b in 0..s.batch {
+        for h in 0..s.q_heads {
+            for i in 0..s.q_len {
+                let mut acc = 0.0f32;
+                for c in 0..s.head_dim_v {
+                    let at = p.out.index([b, i, h, c]);
+                    acc += out[at].to_f32() * d_out[at].to_f32();
+                }
+                d[(b * s.q_heads + h) * s.q_len + i] = acc;
+            }
+        }
+    }
+    let mask = match (inputs.mask, &p.mask) {
+        (Some(HostData::Bool(m)), Some(v)) => Some((m.as_slice(), *v)),
+        _ => None,
+    };
+    let ctx = Ctx {
+        p,
+        q: typed::<T>(inputs.q, "q")?,
+        k: typed::<T>(inputs.k, "k")?,
+        v: typed::<T>(inputs.v, "v")?,
+        d_out,
+        lse,
+        d: &d,
+        bias: inputs.bias.zip(p.bias.map(|b| b.view)),
+        mask,
+    };
+    let plan = Plan::of(p);
+    let tasks = plan.tasks(p);
+    let group = s.group();
+    let dqkp = round_up(s.head_dim_qk, LANES);
+    let units = s.batch * s.kv_heads;
+    let mut parts = vec![0.0f32; units * plan.chunks * group * plan.rows * dqkp];
+    // The bias gradient: straight into dbias when it has a slice per batch
+    // entry and head, else into a scratch per (batch, head or K/V head).
+    let bias_dims = p.bias.map(|b| b.view.dims);
+    let (dbias_out, dsinks_out) = (grads.dbias, grads.dsinks);
+    let direct = bias_dims.is_some_and(|d| d[0] == s.batch && d[1] == s.q_heads);
+    let dbias_heads = match bias_dims {
+        Some(d) if d[1] == s.q_heads => s.q_heads,
+        _ => s.kv_heads,
+    };
+    let mut scratch = Vec::new();
+    let mut dbias_slice: Option<&mut [f32]> = match dbias_out {
+        Some(buf) => Some(f32_mut(buf, "dbias")?),
+        None => None,
+    };
+    let dbias_ptr = match dbias_slice.as_deref_mut() {
+        Some(db) if direct => {
+            db.iter_mut().for_each(|x| *x = 0.0);
+            (db.as_mut_ptr(), db.len())
+        }
+        Some(_) => {
+            scratch = vec![0.0f32; s.batch * dbias_heads * s.q_len * s.kv_len];
+            (scratch.as_mut_ptr(), scratch.len())
+        }
+        None => (std::ptr::null_mut(), 0),
+    };
+    let dq = typed_mut::<T>(grads.dq, "dq")?;
+    let dk = typed_mut::<T>(grads.dk, "dk")?;
+    let dv = typed_mut::<T>(grads.dv, "dv")?;
+    zero_view(dk, &p.k);
+    zero_view(dv, &p.v);
+    let outs = Outs {
+        dk: dk.as_mut_ptr(),
+        dk_len: dk.len(),
+        dv: dv.as_mut_ptr(),
+        dv_len: dv.len(),
+        parts: parts.as_mut_ptr(),
+        parts_len: parts.len(),
+        dbias: dbias_ptr.0,
+        dbias_len: dbias_ptr.1,
+        dbias_heads,
+        layout: (plan.chunks, plan.rows, dqkp, group),
+        sizes: (s.q_heads, s.q_len, s.kv_len, group),
+    };
+    let run = |t: &Task| {
+        vectorize(
+            isa,
+            TaskOp {
+                ctx: &ctx,
+                outs: &outs,
+                task: t,
+            },
+        )
+    };
+    if par {
+        tasks.par_iter().for_each(run);
+    } else {
+        tasks.iter().for_each(run);
+    }
+    // dQ: the chunks' partial rows, added in chunk order.
+    for b in 0..s.batch {
+        let ql = p.seq_lens(b).0;
+        for h in 0..s.q_heads {
+            let (kvh, hh) = (h / group, h % group);
+            let unit = b * s.kv_heads + kvh;
+            for i in 0..s.q_len {
+                for c in 0..s.head_dim_qk {
+                    let mut acc = 0.0f32;
+                    if i < ql {
+                        for ch in 0..plan.chunks {
+                            let at = (((unit * plan.chunks + ch) * group + hh) * plan.rows + i)
+                                * dqkp
+                                + c;
+                            acc += parts[at];
+                        }
+                    }
+                    dq[p.q.index([b, i, h, c])] = T::from_f32(acc);
+                }
+            }
+        }
+    }
+    if let (Some(db), false) = (dbias_slice, direct) {
+        reduce_dbias(p, &scratch, dbias_heads, db);
+    }
+    if let Some(buf) = dsinks_out {
+        let ds = f32_mut(buf, "dsinks")?;
+        sinks_grad(p, lse, &d, ds);
+    }
+    Ok(())
+}
+
+/// Sums the bias scratch (`[batch, heads, q_len, kv_len]`, `heads` query or
+/// K/V heads) over the axes the bias broadcasts, in index order.
+fn reduce_dbias(p: &Problem, scratch: &[f32], heads: usize, db: &mut [f32]) {
+    let s = p.shape;
+    let dims = p.bias.expect("a bias").view.dims;
+    let plane = s.q_len * s.kv_len;
+    db.iter_mut().for_each(|x| *x = 0.0);
+    for bb in 0..dims[0] {
+        for bh in 0..dims[1] {
+            let dst = &mut db[(bb * dims[1] + bh) * plane..][..plane];
+            let batches = if dims[0] == 1 { 0..s.batch } else { bb..bb + 1 };
+            for b in batches {
+                let hs = if dims[1] == 1 { 0..heads } else { bh..bh + 1 };
+                for h in hs {
+                    let src = &scratch[(b * heads + h) * plane..][..plane];
+                    dst.iter_mut().zip(src).for_each(|(x, &y)| *x += y);
+                }
+            }
+        }
+    }
+}
+
+/// `dsink_h = -sum_{b, i} exp(sink_h - lse_i) D_i`, accumulated in f64.
+fn sinks_grad(p: &Problem, lse: &[f32], d: &[f32], out: &mut [f32]) {
+    let s = p.shape;
+    let sinks = p.options.sinks.as_ref().expect("validated");
+    for (h, o) in out.iter_mut().enumerate().take(s.q_heads) {
+        let mut acc = 0.0f64;
+        for b in 0..s.batch {
+            for i in 0..p.seq_lens(b).0 {
+                let at = (b * s.q_heads + h) * s.q_len + i;
+                let l = f64::from(lse[at]);
+                if l != f64::NEG_INFINITY {
+                    acc -= (f64::from(sinks[h]) - l).exp() * f64::from(d[at]);
+                }
+            }
+        }
+        *o = acc as f32;
+    }
+}
+
+impl Backward for Cpu {
+    fn backward_into(
+        &self,
+        problem: &Problem,
+        inputs: Inputs<'_, HostData>,
+        forward: GradInputs<'_, HostData>,
+        grads: GradOutputs<'_, HostData>,
+    ) -> Result<()> {
+        check_backward_call(self, problem, &inputs, &forward, &grads)?;
+        let par = self.parallel(2.5 * problem.flops());
+        let run = (par, self.isa()?);
+        self.install(par, || match problem.dtype {
+            attn_spec::DType::F32 => backward_typed::<f32>(run, problem, inputs, forward, grads),
+            attn_spec::DType::F16 => {
+                backward_typed::<attn_spec::f16>(run, problem, inputs, forward, grads)
+            }
+            attn_spec::DType::Bf16 => {
+                backward_typed::<attn_spec::bf16>(run, problem, inputs, forward, grads)
+            }
+            _ => unreachable!("refused by supports()"),
+        })
+    }
+}

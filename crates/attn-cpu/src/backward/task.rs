@@ -1,0 +1,361 @@
+//! One task of the backward pass: one (batch entry, K/V head) over one
+//! chunk of key blocks. For each key block (`BWD_KEYS` keys, packed once:
+//! K rows, K^T, V^T), every query block (`BWD_ROWS` positions of one
+//! query head of the group) that sees it recomputes its probabilities
+//! from the stored log-sum-exp and runs FlashAttention-2's five products
+//! through the one microkernel (`microkernel::gemm`):
+//!
+//! ```text
+//! S  = Q K^T            P  = exp(x(S) - lse)     (x: scale, soft-cap, ALiBi, bias, masks)
+//! dP = dO V^T           dS = P (dP - D),  dsc = dS * dx/d(q.k)
+//! dV += P^T dO          dK += dsc^T Q            dQ_part += dsc K
+//! ```
+//!
+//! dK and dV of the block are complete when its query blocks are done and
+//! go straight to their rows; dQ accumulates in the task's f32 partial
+//! rows (`Outs::parts`), summed over chunks afterwards in chunk order.
+//! Every loop runs in an order fixed by the shape, so the result is the
+//! same whichever thread runs the task.
+
+use super::{Ctx, Outs, Task};
+use crate::blocking::{BWD_KEYS, BWD_ROWS, LANES};
+use crate::element::CpuElement;
+use crate::exp::{exp2, tanh};
+use crate::microkernel::gemm::gemm;
+use crate::simd::{load, store, Vector};
+use attn_spec::{HostData, TileClass, View};
+use std::f32::consts::LOG2_E;
+
+/// Buffers of one task (allocated per task: a few hundred KiB).
+pub struct Scratch {
+    kr: Vec<f32>,
+    kt: Vec<f32>,
+    vt: Vec<f32>,
+    q: Vec<f32>,
+    d_o: Vec<f32>,
+    s: Vec<f32>,
+    dp: Vec<f32>,
+    slope: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    add: Vec<f32>,
+    row: Vec<f32>,
+}
+
+/// `x` rounded up to a multiple of `m`.
+pub fn round_up(x: usize, m: usize) -> usize {
+    x.div_ceil(m) * m
+}
+
+impl Scratch {
+    /// Buffers for head dims `dqk`, `dv` (padded to 16).
+    pub fn new(dqk: usize, dv: usize) -> Self {
+        let (dqkp, dvp) = (round_up(dqk, LANES), round_up(dv, LANES));
+        let z = |n: usize| vec![0.0f32; n];
+        Scratch {
+            kr: z(BWD_KEYS * dqkp),
+            kt: z(dqkp * BWD_KEYS),
+            vt: z(dvp * BWD_KEYS),
+            q: z(BWD_ROWS * dqkp),
+            d_o: z(BWD_ROWS * dvp),
+            s: z(BWD_ROWS * BWD_KEYS),
+            dp: z(BWD_ROWS * BWD_KEYS),
+            slope: z(BWD_ROWS * BWD_KEYS),
+            dk: z(BWD_KEYS * dqkp),
+            dv: z(BWD_KEYS * dvp),
+            add: z(BWD_KEYS),
+            row: z(dqkp.max(dvp)),
+        }
+    }
+}
+
+/// Reads `len` elements of `src` from `view` at `[i0, i1, i2, 0..len]` into
+/// `dst` as f32.
+#[inline(always)]
+fn read_row<V: Vector, T: CpuElement>(src: &[T], view: &View, at: [usize; 3], dst: &mut [f32]) {
+    let len = dst.len();
+    let base = view.index([at[0], at[1], at[2], 0]);
+    if len <= 1 || view.strides[3] == 1 {
+        T::widen::<V>(&src[base..base + len], dst);
+    } else {
+        for (d, x) in dst.iter_mut().enumerate() {
+            *x = src[base + d * view.strides[3]].to_f32();
+        }
+    }
+}
+
+/// Adds to `add[..n]` the bias of row `(b, h, i)` over keys `j0..j0+n` and
+/// sets `-inf` where the boolean mask is false (0 without either).
+fn bias_and_mask<T>(
+    ctx: &Ctx<'_, T>,
+    (b, h, i): (usize, usize, usize),
+    j0: usize,
+    add: &mut [f32],
+) {
+    add.iter_mut().for_each(|x| *x = 0.0);
+    if let Some((bias, view)) = ctx.bias {
+        let at = |j: usize| view.index([b, h, i, j0 + j]);
+        match bias {
+            HostData::F32(v) => add.iter_mut().enumerate().for_each(|(j, x)| *x = v[at(j)]),
+            HostData::F16(v) => add
+                .iter_mut()
+                .enumerate()
+                .for_each(|(j, x)| *x = v[at(j)].to_f32()),
+            HostData::Bf16(v) => add
+                .iter_mut()
+                .enumerate()
+                .for_each(|(j, x)| *x = v[at(j)].to_f32()),
+            other => add
+                .iter_mut()
+                .enumerate()
+                .for_each(|(j, x)| *x = other.get(at(j)) as f32),
+        }
+    }
+    if let Some((mask, view)) = ctx.mask {
+        for (j, x) in add.iter_mut().enumerate() {
+            if !mask[view.index([b, h, i, j0 + j])] {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// Lane indices 0..16 as f32.
+#[inline(always)]
+fn iota<V: Vector>() -> V {
+    let mut x = [0.0f32; LANES];
+    for (l, y) in x.iter_mut().enumerate() {
+        *y = l as f32;
+    }
+    V::from(x)
+}
+
+/// Runs `task`.
+#[inline(always)]
+pub fn run<V: Vector, T: CpuElement>(
+    ctx: &Ctx<'_, T>,
+    outs: &Outs<T>,
+    task: &Task,
+    ws: &mut Scratch,
+) {
+    let p = ctx.p;
+    let s = p.shape;
+    let o = &p.options;
+    let (b, kvh) = (task.b, task.kvh);
+    let mask = p.seq_mask(b);
+    let (ql, kl) = (mask.q_len, mask.kv_len);
+    let group = s.group();
+    let (dqk, dv) = (s.head_dim_qk, s.head_dim_v);
+    let (dqkp, dvp) = (round_up(dqk, LANES), round_up(dv, LANES));
+    let mr = V::mr(1);
+    let scale = p.scale();
+    let cap = o.softcap;
+    let per_elem = ctx.bias.is_some() || ctx.mask.is_some();
+    let blocks = task.blocks.clone();
+    for blk in blocks {
+        let j0 = blk * BWD_KEYS;
+        if j0 >= kl {
+            break;
+        }
+        let n = BWD_KEYS.min(kl - j0);
+        let nvec = n.div_ceil(LANES);
+        let ncols = nvec * LANES;
+        // Pack the key block: K rows, K^T, V^T (f32).
+        for r in 0..n {
+            let dst = &mut ws.kr[r * dqkp..r * dqkp + dqk];
+            read_row::<V, T>(ctx.k, &p.k, [b, j0 + r, kvh], dst);
+            for (d, &x) in dst.iter().enumerate() {
+                ws.kt[d * BWD_KEYS + r] = x;
+            }
+            let row = &mut ws.row[..dv];
+            read_row::<V, T>(ctx.v, &p.v, [b, j0 + r, kvh], row);
+            for (d, &x) in row.iter().enumerate() {
+                ws.vt[d * BWD_KEYS + r] = x;
+            }
+        }
+        for r in n..ncols {
+            for d in 0..dqk {
+                ws.kt[d * BWD_KEYS + r] = 0.0;
+            }
+            for d in 0..dv {
+                ws.vt[d * BWD_KEYS + r] = 0.0;
+            }
+        }
+        let nk = round_up(n, mr);
+        ws.dk[..nk * dqkp].iter_mut().for_each(|x| *x = 0.0);
+        ws.dv[..nk * dvp].iter_mut().for_each(|x| *x = 0.0);
+        for hh in 0..group {
+            let h = kvh * group + hh;
+            let slope_h = o.alibi_slopes.as_ref().map(|v| v[h]);
+            for i0 in (0..ql).step_by(BWD_ROWS) {
+                let mq = BWD_ROWS.min(ql - i0);
+                let class = mask.classify(i0..i0 + mq, j0..j0 + n);
+                if class == TileClass::Skip {
+                    continue;
+                }
+                let mqp = round_up(mq, mr);
+                for r in 0..mq {
+                    let dst = &mut ws.q[r * dqkp..r * dqkp + dqk];
+                    read_row::<V, T>(ctx.q, &p.q, [b, i0 + r, h], dst);
+                    let dst = &mut ws.d_o[r * dvp..r * dvp + dv];
+                    read_row::<V, T>(ctx.d_out, &p.out, [b, i0 + r, h], dst);
+                }
+                // S = Q K^T.
+                // SAFETY: q holds BWD_ROWS >= mqp rows of dqkp floats, kt
+                // dqk rows of BWD_KEYS >= ncols, s BWD_ROWS rows of
+                // BWD_KEYS; mqp is a multiple of mr, ncols of 16.
+                unsafe {
+                    gemm::<V>(
+                        (mqp, ncols, dqk),
+                        ws.q.as_ptr(),
+                        (dqkp, 1),
+                        ws.kt.as_ptr(),
+                        BWD_KEYS,
+                        ws.s.as_mut_ptr(),
+                        BWD_KEYS,
+                        false,
+                    )
+                };
+                // P = exp(x - lse), in place.
+                for r in 0..mq {
+                    let i = i0 + r;
+                    let lse = ctx.lse[(b * s.q_heads + h) * s.q_len + i];
+                    let vis = mask.kv_range(i);
+                    let lo = vis.start.max(j0).min(j0 + n) - j0;
+                    let hi = vis.end.min(j0 + n).max(j0) - j0;
+                    let srow = &mut ws.s[r * BWD_KEYS..(r + 1) * BWD_KEYS];
+                    if lse == f32::NEG_INFINITY || lo >= hi {
+                        srow[..ncols].iter_mut().for_each(|x| *x = 0.0);
+                        continue;
+                    }
+                    if per_elem {
+                        bias_and_mask(ctx, (b, h, i), j0, &mut ws.add[..n]);
+                    }
+                    let diag = mask.diagonal(i);
+                    let nl = V::splat(-lse * LOG2_E);
+                    for c in 0..nvec {
+                        // SAFETY: c * 16 + 16 <= ncols <= BWD_KEYS floats of
+                        // the row.
+                        let sv = unsafe { load::<V>(srow.as_ptr().add(c * LANES)) };
+                        let y = sv * V::splat(scale);
+                        let mut x = match cap {
+                            Some(cap) => {
+                                let t = tanh(y * V::splat(1.0 / cap));
+                                let g = V::splat(scale) * (V::ONE - t * t);
+                                // SAFETY: as above, in the slope tile.
+                                unsafe {
+                                    store(ws.slope.as_mut_ptr().add(r * BWD_KEYS + c * LANES), g)
+                                };
+                                t * V::splat(cap)
+                            }
+                            None => y,
+                        };
+                        if let Some(sl) = slope_h {
+                            let base = (j0 as i64 + (c * LANES) as i64 - diag) as f32;
+                            let dist = (iota::<V>() + V::splat(base)).abs();
+                            x -= V::splat(sl) * dist;
+                        }
+                        let (k0, k1) = (c * LANES, c * LANES + LANES);
+                        if per_elem {
+                            let mut a = [0.0f32; LANES];
+                            let m = (n - k0).min(LANES);
+                            a[..m].copy_from_slice(&ws.add[k0..k0 + m]);
+                            x += V::from(a);
+                        }
+                        if lo > k0 || hi < k1 {
+                            let idx = iota::<V>() + V::splat(k0 as f32);
+                            let ninf = V::splat(f32::NEG_INFINITY);
+                            x = idx.select_lt(lo as f32, ninf, x);
+                            x = idx.select_lt(hi as f32, x, ninf);
+                        }
+                        let pv = exp2(x.mul_add(V::splat(LOG2_E), nl));
+                        // SAFETY: as above.
+                        unsafe { store(srow.as_mut_ptr().add(c * LANES), pv) };
+                    }
+                }
+                // dP = dO V^T.
+                // SAFETY: as for S, with d_o (dvp) and vt (dv rows).
+                unsafe {
+                    gemm::<V>(
+                        (mqp, ncols, dv),
+                        ws.d_o.as_ptr(),
+                        (dvp, 1),
+                        ws.vt.as_ptr(),
+                        BWD_KEYS,
+                        ws.dp.as_mut_ptr(),
+                        BWD_KEYS,
+                        false,
+                    )
+                };
+                // dS = P (dP - D); the bias gradient; dsc = dS dx/d(q.k).
+                for r in 0..mq {
+                    let i = i0 + r;
+                    let dr = ctx.d[(b * s.q_heads + h) * s.q_len + i];
+                    for c in 0..nvec {
+                        let at = r * BWD_KEYS + c * LANES;
+                        // SAFETY: at + 16 <= (r + 1) * BWD_KEYS in both tiles.
+                        let (pv, dpv) = unsafe {
+                            (
+                                load::<V>(ws.s.as_ptr().add(at)),
+                                load::<V>(ws.dp.as_ptr().add(at)),
+                            )
+                        };
+                        let ds = pv * (dpv - V::splat(dr));
+                        if outs.has_dbias() {
+                            let m = (n - c * LANES).min(LANES);
+                            outs.add_dbias((b, h, i), j0 + c * LANES, &ds.to_array()[..m]);
+                        }
+                        let g = match cap {
+                            // SAFETY: as above, in the slope tile.
+                            Some(_) => unsafe { load::<V>(ws.slope.as_ptr().add(at)) },
+                            None => V::splat(scale),
+                        };
+                        // SAFETY: as above.
+                        unsafe { store(ws.dp.as_mut_ptr().add(at), ds * g) };
+                    }
+                }
+                // The three products. s and dp hold mq rows of BWD_KEYS
+                // floats (A read transposed: key r, row kk at kk * BWD_KEYS
+                // + r, r < nk <= BWD_KEYS), d_o / q mq rows of dvp / dqkp,
+                // dv / dk nk rows; the partial rows of this block are rows
+                // i0..i0+mqp of head hh (the task's rows are padded to a
+                // multiple of BWD_ROWS, itself a multiple of mr).
+                // SAFETY: every extent above is inside its buffer.
+                unsafe {
+                    gemm::<V>(
+                        (nk, dvp, mq),
+                        ws.s.as_ptr(),
+                        (1, BWD_KEYS),
+                        ws.d_o.as_ptr(),
+                        dvp,
+                        ws.dv.as_mut_ptr(),
+                        dvp,
+                        true,
+                    );
+                    gemm::<V>(
+                        (nk, dqkp, mq),
+                        ws.dp.as_ptr(),
+                        (1, BWD_KEYS),
+                        ws.q.as_ptr(),
+                        dqkp,
+                        ws.dk.as_mut_ptr(),
+                        dqkp,
+                        true,
+                    );
+                    let part = outs.part_rows(task, hh, i0, mqp);
+                    gemm::<V>(
+                        (mqp, dqkp, n),
+                        ws.dp.as_ptr(),
+                        (BWD_KEYS, 1),
+                        ws.kr.as_ptr(),
+                        dqkp,
+                        part,
+                        dqkp,
+                        true,
+                    );
+                }
+            }
+        }
+        outs.write_kv(ctx, (b, kvh, j0, n), (&ws.dk, dqkp), (&ws.dv, dvp));
+    }
+}
