@@ -5,9 +5,11 @@
 //! `BIAS` (an f32 additive bias of shape (batch, heads, q_len, kv_len)),
 //! `MASK` (a boolean mask of shape (batch, 1, q_len, kv_len), broadcast
 //! over the heads),
-//! `NO_PEAK`, `BW` (also measure the triad bandwidth).
+//! `NO_PEAK`, `BW` (also measure the triad bandwidth), `BWD` (also time
+//! the backward pass, counted as 2.5x the forward's FLOPs).
 
 use attn::{Backend, Inputs};
+use attn_spec::{Backward, GradInputs, GradRequest};
 use attn_benches::machine::fma_peak_per_core;
 use attn_benches::SUITE;
 use std::time::Instant;
@@ -97,6 +99,40 @@ fn main() {
             let t = Instant::now();
             cpu.forward_into(&p, inputs, &mut out, None).unwrap();
             best = best.min(t.elapsed().as_secs_f64());
+        }
+        if std::env::var_os("BWD").is_some() {
+            let mut p = p.clone();
+            p.options.return_lse = true;
+            let fwd = cpu.forward(&p, inputs).unwrap();
+            let n = p.out.extent().unwrap();
+            let d_out = attn::HostData::from_f64(
+                p.dtype,
+                &(0..n).map(|i| ((i * 7) % 19) as f64 * 0.05 - 0.45).collect::<Vec<_>>(),
+            );
+            let g_in = GradInputs {
+                out: &fwd.out,
+                lse: fwd.lse.as_ref(),
+                d_out: &d_out,
+            };
+            let mut bbest = f64::MAX;
+            for _ in 0..std::env::var("REPS")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(5)
+            {
+                let t = Instant::now();
+                cpu.backward(&p, inputs, g_in, GradRequest::default()).unwrap();
+                bbest = bbest.min(t.elapsed().as_secs_f64());
+            }
+            let gf = 2.5 * case.flops() / bbest / 1e9;
+            println!(
+                "{:32} {:9.3} ms {:7.1} GFLOP/s {:5.1}% of peak (backward; {:.2}x the forward's GFLOP/s)",
+                format!("{} bwd", case.name),
+                bbest * 1e3,
+                gf,
+                100.0 * gf / peak,
+                gf / (case.flops() / best / 1e9)
+            );
         }
         let gf = case.flops() / best / 1e9;
         println!(

@@ -192,13 +192,15 @@ impl<T: CpuElement> Outs<T> {
             (self.dv, self.dv_len, &p.v, dv, dvp, s.head_dim_v),
         ];
         for (dst, len, view, src, stride, dim) in targets {
+            let step = view.strides[3];
             for r in 0..n {
-                for d in 0..dim {
-                    let at = view.index([b, j0 + r, kvh, d]);
-                    assert!(at < len);
+                let base = view.index([b, j0 + r, kvh, 0]);
+                assert!(dim == 0 || base + (dim - 1) * step < len);
+                let row = &src[r * stride..r * stride + dim];
+                for (d, &x) in row.iter().enumerate() {
                     // SAFETY: in bounds (asserted); key row j0 + r of head
                     // kvh is written by this task only.
-                    unsafe { *dst.add(at) = T::from_f32(src[r * stride + d]) };
+                    unsafe { *dst.add(base + d * step) = T::from_f32(x) };
                 }
             }
         }
@@ -222,17 +224,26 @@ impl<T: CpuElement> Op for TaskOp<'_, T> {
     }
 }
 
-fn zero_view<T: CpuElement>(buf: &mut [T], view: &View) {
-    let [a, b, c, d] = view.dims;
+/// Calls `f(base, step)` for each row `[i, j, k, ..]` of a rank-4 view:
+/// the row's first index and the stride along it.
+fn for_rows(view: &View, mut f: impl FnMut([usize; 3], usize, usize)) {
+    let [a, b, c, _] = view.dims;
     for i in 0..a {
         for j in 0..b {
             for k in 0..c {
-                for l in 0..d {
-                    buf[view.index([i, j, k, l])] = T::from_f32(0.0);
-                }
+                f([i, j, k], view.index([i, j, k, 0]), view.strides[3]);
             }
         }
     }
+}
+
+fn zero_view<T: CpuElement>(buf: &mut [T], view: &View) {
+    let d = view.dims[3];
+    for_rows(view, |_, base, step| {
+        for l in 0..d {
+            buf[base + l * step] = T::from_f32(0.0);
+        }
+    });
 }
 
 fn typed_mut<'a, T: CpuElement>(d: &'a mut HostData, name: &'static str) -> Result<&'a mut [T]> {
@@ -261,18 +272,14 @@ fn backward_typed<T: CpuElement>(
     let lse = typed::<f32>(fwd.lse.expect("checked"), "lse")?;
     // D = rowsum(dO * O), f32.
     let mut d = vec![0.0f32; s.batch * s.q_heads * s.q_len];
-    for b in 0..s.batch {
-        for h in 0..s.q_heads {
-            for i in 0..s.q_len {
-                let mut acc = 0.0f32;
-                for c in 0..s.head_dim_v {
-                    let at = p.out.index([b, i, h, c]);
-                    acc += out[at].to_f32() * d_out[at].to_f32();
-                }
-                d[(b * s.q_heads + h) * s.q_len + i] = acc;
-            }
+    for_rows(&p.out, |[b, i, h], base, step| {
+        let mut acc = 0.0f32;
+        for c in 0..s.head_dim_v {
+            let at = base + c * step;
+            acc += out[at].to_f32() * d_out[at].to_f32();
         }
-    }
+        d[(b * s.q_heads + h) * s.q_len + i] = acc;
+    });
     let mask = match (inputs.mask, &p.mask) {
         (Some(HostData::Bool(m)), Some(v)) => Some((m.as_slice(), *v)),
         _ => None,
@@ -353,27 +360,24 @@ fn backward_typed<T: CpuElement>(
         tasks.iter().for_each(run);
     }
     // dQ: the chunks' partial rows, added in chunk order.
-    for b in 0..s.batch {
-        let ql = p.seq_lens(b).0;
-        for h in 0..s.q_heads {
-            let (kvh, hh) = (h / group, h % group);
-            let unit = b * s.kv_heads + kvh;
-            for i in 0..s.q_len {
-                for c in 0..s.head_dim_qk {
-                    let mut acc = 0.0f32;
-                    if i < ql {
-                        for ch in 0..plan.chunks {
-                            let at = (((unit * plan.chunks + ch) * group + hh) * plan.rows + i)
-                                * dqkp
-                                + c;
-                            acc += parts[at];
-                        }
-                    }
-                    dq[p.q.index([b, i, h, c])] = T::from_f32(acc);
-                }
+    let dqk = s.head_dim_qk;
+    let mut acc = vec![0.0f32; dqk];
+    for_rows(&p.q, |[b, i, h], base, step| {
+        let (kvh, hh) = (h / group, h % group);
+        let unit = b * s.kv_heads + kvh;
+        acc.iter_mut().for_each(|x| *x = 0.0);
+        if i < p.seq_lens(b).0 {
+            for ch in 0..plan.chunks {
+                let at = (((unit * plan.chunks + ch) * group + hh) * plan.rows + i) * dqkp;
+                acc.iter_mut()
+                    .zip(&parts[at..at + dqk])
+                    .for_each(|(a, &x)| *a += x);
             }
         }
-    }
+        for (c, &x) in acc.iter().enumerate() {
+            dq[base + c * step] = T::from_f32(x);
+        }
+    });
     if let (Some(db), false) = (dbias_slice, direct) {
         reduce_dbias(p, &scratch, dbias_heads, db);
     }

@@ -187,12 +187,24 @@ pub fn run<V: Vector, T: CpuElement>(
         for hh in 0..group {
             let h = kvh * group + hh;
             let slope_h = o.alibi_slopes.as_ref().map(|v| v[h]);
-            for i0 in (0..ql).step_by(BWD_ROWS) {
-                let mq = BWD_ROWS.min(ql - i0);
-                let class = mask.classify(i0..i0 + mq, j0..j0 + n);
-                if class == TileClass::Skip {
+            for ib in (0..ql).step_by(BWD_ROWS) {
+                let mb = BWD_ROWS.min(ql - ib);
+                if mask.classify(ib..ib + mb, j0..j0 + n) == TileClass::Skip {
                     continue;
                 }
+                // Only the rows that see a key of the block (a causal or
+                // window diagonal leaves the others out), from a multiple
+                // of mr so the products' rows stay inside the block.
+                let (mut r_lo, mut r_hi) = (mb, 0);
+                for r in 0..mb {
+                    let v = mask.kv_range(ib + r);
+                    if v.start < (j0 + n).min(v.end) && v.end > j0 {
+                        r_lo = r_lo.min(r);
+                        r_hi = r + 1;
+                    }
+                }
+                let r_lo = r_lo - r_lo % mr;
+                let (i0, mq) = (ib + r_lo, r_hi - r_lo);
                 let mqp = round_up(mq, mr);
                 for r in 0..mq {
                     let dst = &mut ws.q[r * dqkp..r * dqkp + dqk];
@@ -314,6 +326,11 @@ pub fn run<V: Vector, T: CpuElement>(
                         unsafe { store(ws.dp.as_mut_ptr().add(at), ds * g) };
                     }
                 }
+                // Rows mq..mqp of the dQ product hold no row of this tile
+                // (they may be the next rows of the block): they add 0.
+                ws.dp[mq * BWD_KEYS..mqp * BWD_KEYS]
+                    .iter_mut()
+                    .for_each(|x| *x = 0.0);
                 // The three products. s and dp hold mq rows of BWD_KEYS
                 // floats (A read transposed: key r, row kk at kk * BWD_KEYS
                 // + r, r < nk <= BWD_KEYS), d_o / q mq rows of dvp / dqkp,
