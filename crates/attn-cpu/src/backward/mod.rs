@@ -176,12 +176,14 @@ impl<T: CpuElement> Outs<T> {
         unsafe { self.parts.add(at) }
     }
 
-    /// Writes dK and dV of keys `j0..j0 + n` of `(b, kvh)` from the f32
-    /// rows `dk` (stride `dqkp`) and `dv` (stride `dvp`).
+    /// Writes dK and dV of keys `j0..j0 + all` of `(b, kvh)`: the first
+    /// `n` from the f32 rows `dk` (stride `dqkp`) and `dv` (stride `dvp`),
+    /// the others (past the sequence's keys) 0.
     pub fn write_kv(
         &self,
         ctx: &Ctx<'_, T>,
-        (b, kvh, j0, n): (usize, usize, usize, usize),
+        (b, kvh, j0): (usize, usize, usize),
+        (n, all): (usize, usize),
         (dk, dqkp): (&[f32], usize),
         (dv, dvp): (&[f32], usize),
     ) {
@@ -193,16 +195,40 @@ impl<T: CpuElement> Outs<T> {
         ];
         for (dst, len, view, src, stride, dim) in targets {
             let step = view.strides[3];
-            for r in 0..n {
+            for r in 0..all {
                 let base = view.index([b, j0 + r, kvh, 0]);
                 assert!(dim == 0 || base + (dim - 1) * step < len);
-                let row = &src[r * stride..r * stride + dim];
-                for (d, &x) in row.iter().enumerate() {
+                for d in 0..dim {
+                    let x = if r < n { src[r * stride + d] } else { 0.0 };
                     // SAFETY: in bounds (asserted); key row j0 + r of head
                     // kvh is written by this task only.
                     unsafe { *dst.add(base + d * step) = T::from_f32(x) };
                 }
             }
+        }
+    }
+}
+
+/// A gradient buffer written row by row from several threads.
+struct SharedRows<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: written only through `write`, whose callers write disjoint rows
+// (one (batch, head) each; the view was validated not to alias) while the
+// buffer is borrowed mutably.
+unsafe impl<T: Send> Send for SharedRows<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for SharedRows<T> {}
+
+impl<T: CpuElement> SharedRows<T> {
+    /// Writes `row` at `base`, `step` apart.
+    fn write(&self, base: usize, step: usize, row: &[f32]) {
+        assert!(row.is_empty() || base + (row.len() - 1) * step < self.len);
+        for (c, &x) in row.iter().enumerate() {
+            // SAFETY: in bounds (asserted); no other caller writes this row.
+            unsafe { *self.ptr.add(base + c * step) = T::from_f32(x) };
         }
     }
 }
@@ -222,28 +248,6 @@ impl<T: CpuElement> Op for TaskOp<'_, T> {
         let mut ws = task::Scratch::new(s.head_dim_qk, s.head_dim_v);
         V::backward_task(self.ctx, self.outs, self.task, &mut ws);
     }
-}
-
-/// Calls `f(base, step)` for each row `[i, j, k, ..]` of a rank-4 view:
-/// the row's first index and the stride along it.
-fn for_rows(view: &View, mut f: impl FnMut([usize; 3], usize, usize)) {
-    let [a, b, c, _] = view.dims;
-    for i in 0..a {
-        for j in 0..b {
-            for k in 0..c {
-                f([i, j, k], view.index([i, j, k, 0]), view.strides[3]);
-            }
-        }
-    }
-}
-
-fn zero_view<T: CpuElement>(buf: &mut [T], view: &View) {
-    let d = view.dims[3];
-    for_rows(view, |_, base, step| {
-        for l in 0..d {
-            buf[base + l * step] = T::from_f32(0.0);
-        }
-    });
 }
 
 fn typed_mut<'a, T: CpuElement>(d: &'a mut HostData, name: &'static str) -> Result<&'a mut [T]> {
@@ -272,14 +276,25 @@ fn backward_typed<T: CpuElement>(
     let lse = typed::<f32>(fwd.lse.expect("checked"), "lse")?;
     // D = rowsum(dO * O), f32.
     let mut d = vec![0.0f32; s.batch * s.q_heads * s.q_len];
-    for_rows(&p.out, |[b, i, h], base, step| {
-        let mut acc = 0.0f32;
-        for c in 0..s.head_dim_v {
-            let at = base + c * step;
-            acc += out[at].to_f32() * d_out[at].to_f32();
+    let d_rows = |(bh, rows): (usize, &mut [f32])| {
+        let (b, h) = (bh / s.q_heads, bh % s.q_heads);
+        for (i, x) in rows.iter_mut().enumerate() {
+            let (base, step) = (p.out.index([b, i, h, 0]), p.out.strides[3]);
+            let mut acc = 0.0f32;
+            for c in 0..s.head_dim_v {
+                let at = base + c * step;
+                acc += out[at].to_f32() * d_out[at].to_f32();
+            }
+            *x = acc;
         }
-        d[(b * s.q_heads + h) * s.q_len + i] = acc;
-    });
+    };
+    if s.q_len > 0 {
+        if par {
+            d.par_chunks_mut(s.q_len).enumerate().for_each(d_rows);
+        } else {
+            d.chunks_mut(s.q_len).enumerate().for_each(d_rows);
+        }
+    }
     let mask = match (inputs.mask, &p.mask) {
         (Some(HostData::Bool(m)), Some(v)) => Some((m.as_slice(), *v)),
         _ => None,
@@ -329,8 +344,6 @@ fn backward_typed<T: CpuElement>(
     let dq = typed_mut::<T>(grads.dq, "dq")?;
     let dk = typed_mut::<T>(grads.dk, "dk")?;
     let dv = typed_mut::<T>(grads.dv, "dv")?;
-    zero_view(dk, &p.k);
-    zero_view(dv, &p.v);
     let outs = Outs {
         dk: dk.as_mut_ptr(),
         dk_len: dk.len(),
@@ -359,25 +372,36 @@ fn backward_typed<T: CpuElement>(
     } else {
         tasks.iter().for_each(run);
     }
-    // dQ: the chunks' partial rows, added in chunk order.
+    // dQ: the chunks' partial rows, added in chunk order, one (batch,
+    // head) per parallel step.
     let dqk = s.head_dim_qk;
-    let mut acc = vec![0.0f32; dqk];
-    for_rows(&p.q, |[b, i, h], base, step| {
+    let dq_out = SharedRows {
+        ptr: dq.as_mut_ptr(),
+        len: dq.len(),
+    };
+    let reduce = |bh: usize| {
+        let (b, h) = (bh / s.q_heads, bh % s.q_heads);
         let (kvh, hh) = (h / group, h % group);
         let unit = b * s.kv_heads + kvh;
-        acc.iter_mut().for_each(|x| *x = 0.0);
-        if i < p.seq_lens(b).0 {
-            for ch in 0..plan.chunks {
-                let at = (((unit * plan.chunks + ch) * group + hh) * plan.rows + i) * dqkp;
-                acc.iter_mut()
-                    .zip(&parts[at..at + dqk])
-                    .for_each(|(a, &x)| *a += x);
+        let mut acc = vec![0.0f32; dqk];
+        for i in 0..s.q_len {
+            acc.iter_mut().for_each(|x| *x = 0.0);
+            if i < p.seq_lens(b).0 {
+                for ch in 0..plan.chunks {
+                    let at = (((unit * plan.chunks + ch) * group + hh) * plan.rows + i) * dqkp;
+                    acc.iter_mut()
+                        .zip(&parts[at..at + dqk])
+                        .for_each(|(a, &x)| *a += x);
+                }
             }
+            dq_out.write(p.q.index([b, i, h, 0]), p.q.strides[3], &acc);
         }
-        for (c, &x) in acc.iter().enumerate() {
-            dq[base + c * step] = T::from_f32(x);
-        }
-    });
+    };
+    if par {
+        (0..s.batch * s.q_heads).into_par_iter().for_each(reduce);
+    } else {
+        (0..s.batch * s.q_heads).for_each(reduce);
+    }
     if let (Some(db), false) = (dbias_slice, direct) {
         reduce_dbias(p, &scratch, dbias_heads, db);
     }

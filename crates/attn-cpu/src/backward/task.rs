@@ -154,10 +154,12 @@ pub fn run<V: Vector, T: CpuElement>(
     let blocks = task.blocks.clone();
     for blk in blocks {
         let j0 = blk * BWD_KEYS;
-        if j0 >= kl {
-            break;
+        let all = BWD_KEYS.min(s.kv_len - j0);
+        let n = all.min(kl.saturating_sub(j0));
+        if n == 0 || ql == 0 {
+            outs.write_kv(ctx, (b, kvh, j0), (0, all), (&ws.dk, dqkp), (&ws.dv, dvp));
+            continue;
         }
-        let n = BWD_KEYS.min(kl - j0);
         let nvec = n.div_ceil(LANES);
         let ncols = nvec * LANES;
         // Pack the key block: K rows, K^T, V^T (f32).
@@ -373,6 +375,6 @@ pub fn run<V: Vector, T: CpuElement>(
                 }
             }
         }
-        outs.write_kv(ctx, (b, kvh, j0, n), (&ws.dk, dqkp), (&ws.dv, dvp));
+        outs.write_kv(ctx, (b, kvh, j0), (n, all), (&ws.dk, dqkp), (&ws.dv, dvp));
     }
 }
