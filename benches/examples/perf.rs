@@ -9,9 +9,9 @@
 //! the backward pass, counted as 2.5x the forward's FLOPs).
 
 use attn::{Backend, Inputs};
-use attn_spec::{Backward, GradInputs, GradRequest};
 use attn_benches::machine::fma_peak_per_core;
 use attn_benches::SUITE;
+use attn_spec::{Backward, GradInputs, GradRequest};
 use std::time::Instant;
 
 fn main() {
@@ -107,7 +107,9 @@ fn main() {
             let n = p.out.extent().unwrap();
             let d_out = attn::HostData::from_f64(
                 p.dtype,
-                &(0..n).map(|i| ((i * 7) % 19) as f64 * 0.05 - 0.45).collect::<Vec<_>>(),
+                &(0..n)
+                    .map(|i| ((i * 7) % 19) as f64 * 0.05 - 0.45)
+                    .collect::<Vec<_>>(),
             );
             let g_in = GradInputs {
                 out: &fwd.out,
@@ -121,7 +123,8 @@ fn main() {
                 .unwrap_or(5)
             {
                 let t = Instant::now();
-                cpu.backward(&p, inputs, g_in, GradRequest::default()).unwrap();
+                cpu.backward(&p, inputs, g_in, GradRequest::default())
+                    .unwrap();
                 bbest = bbest.min(t.elapsed().as_secs_f64());
             }
             let gf = 2.5 * case.flops() / bbest / 1e9;

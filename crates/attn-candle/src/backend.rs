@@ -181,6 +181,8 @@ impl Backend for CandleBackend {
                     problem: OpProblem::Given(Box::new(problem.clone())),
                     extras,
                     lse: Mutex::new(None),
+                    keep_for_bwd: false,
+                    saved_lse: Mutex::new(None),
                 };
                 let o = inputs
                     .q

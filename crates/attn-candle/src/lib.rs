@@ -41,6 +41,7 @@
 mod backend;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod grad;
 mod mha;
 pub mod op;
 mod plain;
@@ -53,6 +54,49 @@ pub use mha::{KvCache, MultiHeadAttention};
 use candle_core::{Result, Tensor};
 use op::{AttnOp, OpProblem};
 use std::sync::Mutex;
+
+/// The op shared between candle's graph (which calls its `bwd`) and the
+/// caller (who reads the log-sum-exp it leaves).
+struct Shared(std::sync::Arc<AttnOp>);
+
+impl candle_core::CustomOp3 for Shared {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+        s3: &candle_core::CpuStorage,
+        l3: &candle_core::Layout,
+    ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        self.0.cpu_fwd(s1, l1, s2, l2, s3, l3)
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &candle_core::Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &candle_core::Layout,
+    ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        self.0.cuda_fwd(s1, l1, s2, l2, s3, l3)
+    }
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        d_out: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        self.0.bwd(q, k, v, out, d_out)
+    }
+}
 
 /// Optional inputs of [`attention_ext`], each `[batch or 1, q_heads or 1,
 /// q_len, kv_len]` (a size-1 axis broadcasts). They are copied to the host
@@ -129,8 +173,11 @@ pub fn attention_ext(
             extras.mask.map(op::host_data).transpose()?,
         ),
         lse: Mutex::new(None),
+        keep_for_bwd: q.track_op() || k.track_op() || v.track_op(),
+        saved_lse: Mutex::new(None),
     };
-    let out = q.apply_op3_no_bwd(k, v, &op)?;
+    let op = std::sync::Arc::new(op);
+    let out = q.apply_op3_arc(k, v, std::sync::Arc::new(Box::new(Shared(op.clone()))))?;
     if !options.return_lse {
         return Ok((out, None));
     }

@@ -6,6 +6,14 @@
 //! once, in the layout the problem describes. The log-sum-exp, when asked
 //! for, is a second result that a candle op cannot return; it is handed
 //! back through the op value.
+//!
+//! Backward (candle autograd): when an input tracks gradients, the forward
+//! also computes the log-sum-exp and keeps it in the op (`saved_lse`),
+//! which candle's graph holds until the backward pass. candle's `bwd`
+//! receives Q, K, V, the output and its gradient but no log-sum-exp; the
+//! kept one saves recomputing the forward. `bwd` runs attn-cpu's backward
+//! pass (CPU tensors; the bias and mask are constants here, so they get
+//! no gradient).
 
 use attn_cpu::{Cpu, CpuElement};
 use attn_spec::{AttnError, HostData, Problem, View};
@@ -44,6 +52,10 @@ pub struct AttnOp {
     pub extras: (Option<HostData>, Option<HostData>),
     /// The log-sum-exp of the last run, when the options ask for it.
     pub lse: Mutex<Option<Vec<f32>>>,
+    /// Whether the forward keeps its log-sum-exp for `bwd`.
+    pub keep_for_bwd: bool,
+    /// The log-sum-exp kept for `bwd`.
+    pub saved_lse: Mutex<Option<Vec<f32>>>,
 }
 
 thread_local! {
@@ -54,6 +66,10 @@ thread_local! {
 /// lets tests prove that a contiguous tensor is read in place.
 pub fn last_q_ptr() -> usize {
     LAST_Q_PTR.with(Cell::get)
+}
+
+fn poisoned() -> candle_core::Error {
+    candle_core::Error::Msg("attn: lse lock poisoned".into())
 }
 
 /// attn's error as a candle error, message kept.
@@ -139,7 +155,9 @@ impl AttnOp {
         (q, k, v): (&[T], &[T], &[T]),
         l: [&Layout; 3],
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let p = self.problem(<T as attn_spec::Element>::DTYPE, l)?;
+        let mut p = self.problem(<T as attn_spec::Element>::DTYPE, l)?;
+        let wanted = p.options.return_lse;
+        p.options.return_lse |= self.keep_for_bwd;
         LAST_Q_PTR.with(|c| c.set(q.as_ptr() as usize));
         let n = p.out.extent().ok_or_else(|| {
             to_candle(AttnError::Overflow {
@@ -161,7 +179,12 @@ impl AttnOp {
             )
             .map_err(to_candle)?;
         if let Some(l) = lse {
-            self.set_lse(l)?;
+            if self.keep_for_bwd {
+                *self.saved_lse.lock().map_err(|_| poisoned())? = Some(l.clone());
+            }
+            if wanted {
+                self.set_lse(l)?;
+            }
         }
         Ok((T::to_cpu_storage_owned(out), self.out_shape(&p, n)))
     }
@@ -215,6 +238,21 @@ impl CustomOp3 for AttnOp {
                 )
             }
         }
+    }
+
+    fn bwd(
+        &self,
+        q: &candle_core::Tensor,
+        k: &candle_core::Tensor,
+        v: &candle_core::Tensor,
+        out: &candle_core::Tensor,
+        d_out: &candle_core::Tensor,
+    ) -> candle_core::Result<(
+        Option<candle_core::Tensor>,
+        Option<candle_core::Tensor>,
+        Option<candle_core::Tensor>,
+    )> {
+        crate::grad::backward(self, [q, k, v], out, d_out)
     }
 
     #[cfg(feature = "cuda")]

@@ -164,17 +164,22 @@ pub fn forward(
         }
         None => sc,
     };
-    // Softmax with the row maximum made safe for rows that see nothing.
-    let m: Vec<f32> = ext.max_keepdim(3)?.flatten_all()?.to_vec1()?;
+    // Softmax with the row maximum made safe for rows that see nothing
+    // (a -inf maximum becomes f32::MIN, so exp gives 0, and a zero sum
+    // becomes 1, so those rows are 0). All tensor ops:
+    // candle autograd differentiates it (the maximum is a constant shift).
+    let mx = ext.max_keepdim(3)?;
+    let m: Vec<f32> = mx.flatten_all()?.to_vec1()?;
+    let e = ext.broadcast_sub(&mx.maximum(f32::MIN)?.detach())?.exp()?;
+    let zt = e.sum_keepdim(3)?;
+    let z: Vec<f32> = zt.flatten_all()?.to_vec1()?;
+    let ones_where_empty: Vec<f32> = z.iter().map(|&x| f32::from(u8::from(x == 0.0))).collect();
+    let zt = (zt + Tensor::from_vec(ones_where_empty, (b, hq, sq, 1), dev)?)?;
+    let pr = e.broadcast_div(&zt)?;
     let m_safe: Vec<f32> = m
         .iter()
         .map(|&x| if x == f32::NEG_INFINITY { 0.0 } else { x })
         .collect();
-    let ms = Tensor::from_vec(m_safe.clone(), (b, hq, sq, 1), dev)?;
-    let e = ext.broadcast_sub(&ms)?.exp()?;
-    let z: Vec<f32> = e.sum_keepdim(3)?.flatten_all()?.to_vec1()?;
-    let z_safe: Vec<f32> = z.iter().map(|&x| if x == 0.0 { 1.0 } else { x }).collect();
-    let pr = e.broadcast_div(&Tensor::from_vec(z_safe, (b, hq, sq, 1), dev)?)?;
     let pr = pr.narrow(3, 0, sk)?.contiguous()?;
     let o4 = pr.matmul(&v4)?; // [b, hq, sq, dv]
     let o4 = if is_bshd(&p.out) {

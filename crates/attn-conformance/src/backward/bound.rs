@@ -89,6 +89,21 @@ impl Acc {
 /// reference's gradients `g`, its stored output `out` (laid out as
 /// `problem.out`, in the problem's type) and `d_out`.
 pub fn bounds(case: &Case, g: &RefGrads, out: &HostData, d_out: &HostData) -> Bounds {
+    bounds_given(case, g, out, d_out, None)
+}
+
+/// [`bounds`] when the output and log-sum-exp the backward reads come from
+/// a backend's forward rather than the rounded reference: `fwd[r]` bounds
+/// their error on row `r` (`[batch, q_heads, q_len]` order; see
+/// [`super::forward_errors`]), which enters `D` (through `sum |dO|`) and the
+/// probabilities' exponent.
+pub fn bounds_given(
+    case: &Case,
+    g: &RefGrads,
+    out: &HostData,
+    d_out: &HostData,
+    fwd: Option<&[(f64, f64)]>,
+) -> Bounds {
     let p = &case.problem;
     let s = p.shape;
     let dt = p.dtype;
@@ -147,6 +162,8 @@ pub fn bounds(case: &Case, g: &RefGrads, out: &HostData, d_out: &HostData) -> Bo
                 let z = sink.map_or(0.0, |sk| (sk - mx).exp())
                     + row.iter().map(|r| (r.1 - mx).exp()).sum::<f64>();
                 let lse = mx + z.ln();
+                let (o_err, lse_err) =
+                    fwd.map_or((0.0, 0.0), |f| f[(b * s.q_heads + h) * s.q_len + i]);
                 let d_o: Vec<f64> = (0..dvd)
                     .map(|d| d_out.get(p.out.index([b, i, h, d])))
                     .collect();
@@ -155,12 +172,12 @@ pub fn bounds(case: &Case, g: &RefGrads, out: &HostData, d_out: &HostData) -> Bo
                 for (d, &gd) in d_o.iter().enumerate() {
                     let od = out.get(p.out.index([b, i, h, d]));
                     big_d += gd * od;
-                    dod += (gd * od).abs() * (gamma(dvd) + u_o) + gd.abs() * sub_o;
+                    dod += (gd * od).abs() * (gamma(dvd) + u_o) + gd.abs() * (sub_o + o_err);
                 }
                 let d_p_of = |x: f64| {
                     let a = (x - mx).exp() / z;
                     let err = move |dx: f64| {
-                        let e = dx + U * lse.abs() + gamma(3) * (x.abs() + lse.abs());
+                        let e = dx + U * lse.abs() + lse_err + gamma(3) * (x.abs() + lse.abs());
                         a * (e.exp_m1() + EXP_REL_ERR + u_in) + 2f64.powi(-125)
                     };
                     (a, err)

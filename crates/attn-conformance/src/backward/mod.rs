@@ -72,6 +72,38 @@ impl BackCase {
     }
 }
 
+/// The error the forward suite accepts of a backend's output and
+/// log-sum-exp on each row of `case` (`[batch, q_heads, q_len]` order):
+/// `2 err(low) + A`, as `crate::check::compare` allows. For checking a
+/// backward pass that starts from a backend's own forward
+/// ([`bound::bounds_given`]).
+pub fn forward_errors(case: &Case) -> Vec<(f64, f64)> {
+    let r = crate::check::reference64(case);
+    let low = crate::check::reference_low(case);
+    let floors = crate::tolerance::row_floors(case, &r.lse);
+    let s = case.problem.shape;
+    let dv = s.head_dim_v;
+    let mut v = Vec::with_capacity(floors.len());
+    for b in 0..s.batch {
+        for h in 0..s.q_heads {
+            for i in 0..s.q_len {
+                let row = (b * s.q_heads + h) * s.q_len + i;
+                let o0 = ((b * s.q_len + i) * s.q_heads + h) * dv;
+                let e_out = (0..dv)
+                    .map(|d| (low.out[o0 + d] - r.out[o0 + d]).abs())
+                    .fold(0.0, f64::max);
+                let e_lse = if r.lse[row].is_finite() {
+                    (low.lse[row] - r.lse[row]).abs()
+                } else {
+                    0.0
+                };
+                v.push((2.0 * e_out + floors[row].out, 2.0 * e_lse + floors[row].lse));
+            }
+        }
+    }
+    v
+}
+
 /// Reads gradients laid out as the problem says into the reference's
 /// contiguous layout.
 pub fn gather(p: &Problem, g: &Grads<HostData>) -> RefGrads {
