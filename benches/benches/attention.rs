@@ -10,7 +10,8 @@
 
 use attn::{Backend, Engine, EngineKind, Inputs};
 use attn_benches::candle_backends::CandleKind;
-use attn_benches::{bench_id, BenchEnv, SUITE};
+use attn_benches::{backward_inputs, bench_id, has_backward, BenchEnv, CPU_BACKWARD, SUITE};
+use attn_spec::{Backward, GradInputs, GradOutputs};
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use std::time::Duration;
@@ -48,7 +49,16 @@ fn attention(c: &mut Criterion) {
                         .filter(|c| env.wants_case(c) && k.applies(c))
                         .count()
             })
-            .sum::<usize>();
+            .sum::<usize>()
+        + if env.wants_backend(CPU_BACKWARD) {
+            env.threads.len()
+                * SUITE
+                    .iter()
+                    .filter(|c| env.wants_case(c) && has_backward(c))
+                    .count()
+        } else {
+            0
+        };
     let mut done = 0;
     for kind in EngineKind::compiled() {
         for &threads in &env.threads {
@@ -90,7 +100,60 @@ fn attention(c: &mut Criterion) {
             }
         }
     }
+    backward(c, &env, &mut done, total);
     candle(c, &env, &mut done, total);
+}
+
+/// attn-cpu's backward pass on the prefill cases (gradients of Q, K, V
+/// into buffers allocated once), from attn-cpu's own forward results.
+fn backward(c: &mut Criterion, env: &BenchEnv, done: &mut usize, total: usize) {
+    if !env.wants_backend(CPU_BACKWARD) {
+        return;
+    }
+    for &threads in &env.threads {
+        let Ok(cpu) = attn_cpu::Cpu::with_threads(threads) else {
+            continue;
+        };
+        for case in SUITE
+            .iter()
+            .filter(|c| env.wants_case(c) && has_backward(c))
+        {
+            *done += 1;
+            eprintln!(
+                "[bench {done}/{total}] {CPU_BACKWARD} {} on {threads} thread(s)",
+                case.name
+            );
+            let data = case.data();
+            let (p, [out, lse, d_out]) = backward_inputs(case, &data);
+            let z = |v: &attn::View| {
+                cpu.zeros(p.dtype, v.extent().expect("valid"))
+                    .expect("alloc")
+            };
+            let (mut dq, mut dk, mut dv) = (z(&p.q), z(&p.k), z(&p.v));
+            let [q, k, v] = &data;
+            c.bench_function(&bench_id(CPU_BACKWARD, case, threads), |b| {
+                b.iter(|| {
+                    cpu.backward_into(
+                        black_box(&p),
+                        Inputs::new(q, k, v),
+                        GradInputs {
+                            out: &out,
+                            lse: Some(&lse),
+                            d_out: &d_out,
+                        },
+                        GradOutputs {
+                            dq: &mut dq,
+                            dk: &mut dk,
+                            dv: &mut dv,
+                            dbias: None,
+                            dsinks: None,
+                        },
+                    )
+                    .expect("backward")
+                })
+            });
+        }
+    }
 }
 
 /// The candle backends and baselines, each inside a pool of the thread

@@ -323,6 +323,48 @@ impl BenchCase {
     }
 }
 
+/// The report's name of attn-cpu's backward pass.
+pub const CPU_BACKWARD: &str = "cpu-bwd";
+
+/// Whether a case gets backward rows: prefill shapes (training runs no
+/// decode steps).
+pub fn has_backward(case: &BenchCase) -> bool {
+    !case.is_decode()
+}
+
+/// The FLOPs a row of `backend` is credited with, as a multiple of the
+/// forward's visible-pair FLOPs: 2.5 for a backward pass
+/// (FlashAttention's convention: five products where the forward has
+/// two), else 1.
+pub fn flops_factor(backend: &str) -> f64 {
+    if backend.ends_with("-bwd") {
+        2.5
+    } else {
+        1.0
+    }
+}
+
+/// The backward pass's forward results for `case` (computed by attn-cpu):
+/// the problem (asking for the log-sum-exp), the output, the log-sum-exp
+/// and a `dO` of values in [-0.45, 0.45].
+pub fn backward_inputs(
+    case: &BenchCase,
+    [q, k, v]: &[attn_spec::HostData; 3],
+) -> (attn_spec::Problem, [attn_spec::HostData; 3]) {
+    use attn_spec::Backend;
+    let mut p = case.problem();
+    p.options.return_lse = true;
+    let fwd = attn_cpu::Cpu::new()
+        .forward(&p, attn_spec::Inputs::new(q, k, v))
+        .expect("forward");
+    let n = p.out.extent().expect("valid");
+    let vals: Vec<f64> = (0..n)
+        .map(|i| ((i * 7) % 19) as f64 * 0.05 - 0.45)
+        .collect();
+    let d_out = attn_spec::HostData::from_f64(p.dtype, &vals);
+    (p, [fwd.out, fwd.lse.expect("asked for"), d_out])
+}
+
 /// The criterion benchmark id of a backend, case and thread count (also the
 /// directory under `target/criterion` that holds its estimates).
 pub fn bench_id(backend: &str, case: &BenchCase, threads: usize) -> String {

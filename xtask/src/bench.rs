@@ -9,7 +9,7 @@ use crate::report::{fmt_time, Record};
 use crate::{charts, check, report, root, target_dir, torch};
 use attn::{Engine, EngineKind};
 use attn_benches::candle_backends::CandleKind;
-use attn_benches::{bench_id, BenchCase, MEMORY_CASE, SUITE};
+use attn_benches::{bench_id, has_backward, BenchCase, CPU_BACKWARD, MEMORY_CASE, SUITE};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -113,6 +113,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         })
         .collect();
     let mut notes = Vec::new();
+    let backward = EngineKind::compiled().contains(&EngineKind::Cpu)
+        && (o.backends.is_empty() || o.backends.iter().any(|b| b == CPU_BACKWARD));
 
     // 1. Correctness of every (backend, case) before timing.
     let mut checks: HashMap<(String, &str), Result<String, String>> = HashMap::new();
@@ -172,6 +174,26 @@ pub fn run(args: &[String]) -> Result<(), String> {
         checks.insert((kind.name().to_string(), case.name), r);
     }
 
+    // 1c. attn-cpu's backward pass: every gradient against the f64
+    // reference's under the conformance bound, on the small cases (the
+    // reference backward costs O(S^2 d) in f64 per head).
+    if backward {
+        for case in cases.iter().filter(|c| has_backward(c)) {
+            let r = if case.small {
+                print!("[check] {CPU_BACKWARD} {} ... ", case.name);
+                let r = check::check_backward(case, m.cores);
+                match &r {
+                    Ok(note) => println!("ok ({note})"),
+                    Err(err) => println!("MISMATCH: {err}"),
+                }
+                r
+            } else {
+                Err("not checked: the f64 reference backward is checked on the small cases".into())
+            };
+            checks.insert((CPU_BACKWARD.to_string(), case.name), r);
+        }
+    }
+
     // 2. Timing with criterion.
     let secs = if o.quick { 0.5 } else { 2.0 };
     let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
@@ -180,6 +202,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .filter_map(|k| engine(*k, 1))
         .map(|e| attn::Backend::name(&e))
         .collect();
+    if backward {
+        backend_names.push(CPU_BACKWARD.into());
+    }
     backend_names.extend(candle_kinds.iter().map(|k| k.name().to_string()));
     println!(
         "timing {} case(s) x {} backend(s) x threads {:?} with criterion ...",
@@ -213,6 +238,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 if b == "reference" && (!case.small || t != 1) {
                     continue;
                 }
+                if b == CPU_BACKWARD && !has_backward(case) {
+                    continue;
+                }
                 if CandleKind::ALL
                     .iter()
                     .any(|k| k.name() == b && !k.applies(case))
@@ -232,6 +260,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     checked: matches!(chk, Some(Ok(_))),
                     check_note: match chk {
                         Some(Ok(n)) => n.clone(),
+                        Some(Err(e)) if e.starts_with("not checked") => e.clone(),
                         Some(Err(e)) => format!("MISMATCH: {e}"),
                         None => "not checked".into(),
                     },
@@ -254,7 +283,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
                             continue;
                         };
                         records.push(Record {
-                            backend: "torch-sdpa".into(),
+                            backend: if t.backward {
+                                "torch-sdpa-bwd".into()
+                            } else {
+                                "torch-sdpa".into()
+                            },
                             case: (*case).clone(),
                             threads: t.threads,
                             median: t.median,
@@ -338,7 +371,8 @@ fn summary(m: &Machine, records: &[Record]) {
             100.0 * r.gflops() / m.peak(r.threads),
             if r.checked {
                 "yes"
-            } else if r.backend == "torch-sdpa" {
+            } else if r.backend.starts_with("torch-sdpa") || r.check_note.starts_with("not checked")
+            {
                 "-"
             } else {
                 "NO"

@@ -27,6 +27,30 @@ pub fn check(engine: &Engine, case: &BenchCase) -> Result<String, String> {
     check_output(case, &out)
 }
 
+/// Runs attn-cpu's backward pass on `case` (on `threads` threads) and
+/// checks every gradient against the f64 reference under the conformance
+/// suite's backward bound.
+pub fn check_backward(case: &BenchCase, threads: usize) -> Result<String, String> {
+    let problem = case.problem();
+    let [q, k, v] = case.data();
+    let full = Case {
+        params: CaseParams {
+            dtype: case.dtype,
+            ..CaseParams::plain(problem.shape)
+        },
+        problem,
+        q,
+        k,
+        v,
+        bias: None,
+        mask: None,
+    };
+    let bc = attn_conformance::backward::BackCase::of(full);
+    let cpu = attn_cpu::Cpu::with_threads(threads).map_err(|e| e.to_string())?;
+    attn_conformance::backward::check_backward(&cpu, &bc)?;
+    Ok("every gradient vs f64 reference".into())
+}
+
 /// Checks an output of `case` (`[batch, q_len, q_heads, dim]`, any float
 /// type) against the f64 reference.
 pub fn check_output(case: &BenchCase, out: &HostData) -> Result<String, String> {

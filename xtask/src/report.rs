@@ -28,9 +28,10 @@ pub struct Record {
 }
 
 impl Record {
-    /// GFLOP/s of the visible pairs.
+    /// GFLOP/s of the visible pairs (a backward row counts 2.5 times the
+    /// forward's FLOPs, `attn_benches::flops_factor`).
     pub fn gflops(&self) -> f64 {
-        self.case.flops() / self.median / 1e9
+        attn_benches::flops_factor(&self.backend) * self.case.flops() / self.median / 1e9
     }
 
     /// GB/s of K and V (decode cases).
@@ -53,7 +54,7 @@ impl Record {
             "threads": self.threads,
             "median_s": self.median,
             "spread_s": [self.spread.0, self.spread.1],
-            "flops": c.flops(),
+            "flops": attn_benches::flops_factor(&self.backend) * c.flops(),
             "gflops": self.gflops(),
             "percent_of_peak": 100.0 * self.gflops() / peak,
             "gbs": self.gbs(),
@@ -207,8 +208,10 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
                 gbs,
                 if r.checked {
                     "yes"
-                } else if r.backend == "torch-sdpa" {
+                } else if r.backend.starts_with("torch-sdpa") {
                     "- (baseline)"
+                } else if r.check_note.starts_with("not checked") {
+                    "- (small cases only)"
                 } else {
                     "**NO**"
                 }
@@ -221,27 +224,36 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
     );
     let _ = writeln!(
         s,
-        "| case | threads | attn-cpu | torch-sdpa | speed-up |\n|---|---|---|---|---|"
+        "Backward rows (`cpu-bwd`, `torch-sdpa-bwd`: `torch.autograd.grad` of Q, K, V through SDPA) count 2.5x the forward's FLOPs.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| case | pass | threads | attn-cpu | torch-sdpa | speed-up |\n|---|---|---|---|---|---|"
     );
     let mut any = false;
-    for c in &cases {
-        for r in records
-            .iter()
-            .filter(|r| r.case.name == *c && r.backend == "cpu")
-        {
-            if let Some(t) = records
+    for (pass, ours, theirs) in [
+        ("forward", "cpu", "torch-sdpa"),
+        ("backward", "cpu-bwd", "torch-sdpa-bwd"),
+    ] {
+        for c in &cases {
+            for r in records
                 .iter()
-                .find(|t| t.backend == "torch-sdpa" && t.case.name == *c && t.threads == r.threads)
+                .filter(|r| r.case.name == *c && r.backend == ours)
             {
-                any = true;
-                let _ = writeln!(
-                    s,
-                    "| {c} | {} | {} | {} | {:.2}x |",
-                    r.threads,
-                    fmt_time(r.median),
-                    fmt_time(t.median),
-                    t.median / r.median
-                );
+                if let Some(t) = records
+                    .iter()
+                    .find(|t| t.backend == theirs && t.case.name == *c && t.threads == r.threads)
+                {
+                    any = true;
+                    let _ = writeln!(
+                        s,
+                        "| {c} | {pass} | {} | {} | {} | {:.2}x |",
+                        r.threads,
+                        fmt_time(r.median),
+                        fmt_time(t.median),
+                        t.median / r.median
+                    );
+                }
             }
         }
     }

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 spec = json.load(open(sys.argv[1]))
 dt = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+g0 = torch.Generator().manual_seed(1)
 for c in spec["cases"]:
     g = torch.Generator().manual_seed(0)
     q = (torch.rand(c["b"], c["hq"], c["sq"], c["d"], generator=g) * 2 - 1).to(dt[c["dtype"]])
@@ -49,6 +50,22 @@ for c in spec["cases"]:
                 times.append(time.perf_counter() - t0)
         print(json.dumps({"case": c["name"], "threads": t, "median": statistics.median(times),
                           "min": min(times), "max": max(times)}), flush=True)
+        if c["bwd"]:
+            # The backward alone: gradients of Q, K, V with the forward's
+            # graph kept (retain_graph), as attn's backward starts from the
+            # forward's results.
+            qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+            out = F.scaled_dot_product_attention(qg, kg, vg, **kw)
+            g = torch.rand(out.shape, generator=g0).to(out.dtype) - 0.5
+            torch.autograd.grad(out, (qg, kg, vg), g, retain_graph=True)
+            times = []
+            start = time.perf_counter()
+            while len(times) < 10 and (len(times) < 3 or time.perf_counter() - start < spec["secs"]):
+                t0 = time.perf_counter()
+                torch.autograd.grad(out, (qg, kg, vg), g, retain_graph=True)
+                times.append(time.perf_counter() - t0)
+            print(json.dumps({"case": c["name"], "threads": t, "median": statistics.median(times),
+                              "min": min(times), "max": max(times), "bwd": True}), flush=True)
 "#;
 
 fn python() -> String {
@@ -84,6 +101,8 @@ pub struct TorchTime {
     pub min: f64,
     /// Slowest run.
     pub max: f64,
+    /// A backward timing (else the forward).
+    pub backward: bool,
 }
 
 /// Times every case for every thread count.
@@ -103,7 +122,8 @@ pub fn run(
                 _ => "f32",
             };
             json!({"name": c.name, "b": c.batch, "hq": c.q_heads, "hkv": c.kv_heads, "sq": c.q_len,
-                   "sk": c.kv_len, "d": c.head_dim, "left": left, "right": right, "dtype": dtype})
+                   "sk": c.kv_len, "d": c.head_dim, "left": left, "right": right, "dtype": dtype,
+                   "bwd": attn_benches::has_backward(c)})
         })
         .collect();
     let spec_path = dir.join("torch_spec.json");
@@ -135,6 +155,7 @@ pub fn run(
                 median: v["median"].as_f64().unwrap_or(f64::NAN),
                 min: v["min"].as_f64().unwrap_or(f64::NAN),
                 max: v["max"].as_f64().unwrap_or(f64::NAN),
+                backward: v["bwd"].as_bool().unwrap_or(false),
             })
         })
         .collect()
