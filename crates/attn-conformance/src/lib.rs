@@ -64,3 +64,36 @@ pub fn run_suite<B: Backend>(backend: &B, cases: u32) -> Result<SuiteReport, Str
         skipped: skipped.get(),
     })
 }
+
+/// [`run_suite`]'s backward counterpart: the backward hand cases, its
+/// bad-input checks and `cases` generated cases through
+/// [`backward::check_backward`].
+pub fn run_backward_suite<B: attn_spec::Backward>(
+    backend: &B,
+    cases: u32,
+) -> Result<SuiteReport, String> {
+    backward::all(backend)?;
+    let passed = Cell::new(0);
+    let skipped = Cell::new(0);
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    runner
+        .run(&case_params(), |params| {
+            let bc = backward::BackCase::build(params);
+            match backward::check_backward(backend, &bc) {
+                Ok(Outcome::Passed) => passed.set(passed.get() + 1),
+                Ok(Outcome::Skipped(_)) => skipped.set(skipped.get() + 1),
+                Err(e) => return Err(TestCaseError::fail(e)),
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(SuiteReport {
+        passed: passed.get(),
+        skipped: skipped.get(),
+    })
+}

@@ -2,7 +2,10 @@
 //! that dispatches to one of them, so code written against
 //! [`attn_spec::Backend`] runs on the best one without generics.
 
-use attn_spec::{Backend, BufferInfo, DType, HostData, Inputs, Problem, Reference, Result};
+use attn_spec::{
+    Backend, Backward, BufferInfo, DType, GradInputs, GradOutputs, HostData, Inputs, Problem,
+    Reference, Result,
+};
 
 /// Which backend an [`Engine`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,5 +123,17 @@ impl Backend for Engine {
         out_features: usize,
     ) -> Result<HostData> {
         each!(self, b => b.linear(x, rows, w, bias, in_features, out_features))
+    }
+}
+
+impl Backward for Engine {
+    fn backward_into(
+        &self,
+        problem: &Problem,
+        inputs: Inputs<'_, HostData>,
+        forward: GradInputs<'_, HostData>,
+        grads: GradOutputs<'_, HostData>,
+    ) -> Result<()> {
+        each!(self, b => b.backward_into(problem, inputs, forward, grads))
     }
 }

@@ -34,10 +34,10 @@
 //! ```
 
 pub use attn_spec::{
-    alibi_slopes, bf16, check_call, f16, merge_states, Alignment, AttnError, AttnOptions, Backend,
-    BufferInfo, DType, Element, HostData, Inputs, MaskKind, MhaConfig, MhaWeights,
-    MultiHeadAttention, Output, Problem, Reference, Result, SeqMask, Shape, TensorDesc, TileClass,
-    View,
+    alibi_slopes, bf16, check_backward_call, check_call, f16, merge_states, Alignment, AttnError,
+    AttnOptions, Backend, Backward, BufferInfo, DType, Element, GradInputs, GradOutputs,
+    GradRequest, Grads, HostData, Inputs, MaskKind, MhaConfig, MhaWeights, MultiHeadAttention,
+    Output, Problem, Reference, Result, SeqMask, Shape, TensorDesc, TileClass, View,
 };
 
 mod engine;
