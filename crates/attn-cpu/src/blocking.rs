@@ -70,6 +70,14 @@ pub const BWD_ROWS: usize = 96;
 /// of every level's `mr(1)` (the dK and dV products run over keys).
 pub const BWD_KEYS: usize = 48;
 
+/// A backward task packs its Q and dO rows (all heads of its GQA group)
+/// into f32 panels once, for all its key blocks, when they take at most
+/// this many bytes; otherwise each tile packs its own rows. Measured
+/// (`BWD=1` in the `perf` example, encoder b8 h12 s256 d64, Zen 3, 1
+/// thread): packing per tile spent 18% of the task in loads that missed
+/// cache (rows of a `[b, s, h, d]` tensor are `h * d` apart).
+pub const BWD_PANEL_BYTES: usize = 4 << 20;
+
 /// The backward pass cuts each (batch, K/V head) unit's key blocks into
 /// chunks until there are at least this many tasks (see `backward/`), a
 /// function of the shape only: results never depend on the thread count.

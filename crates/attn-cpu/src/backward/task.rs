@@ -18,7 +18,7 @@
 //! same whichever thread runs the task.
 
 use super::{Ctx, Outs, Task};
-use crate::blocking::{BWD_KEYS, BWD_ROWS, LANES};
+use crate::blocking::{BWD_KEYS, BWD_PANEL_BYTES, BWD_ROWS, LANES};
 use crate::element::CpuElement;
 use crate::exp::{exp2, tanh};
 use crate::microkernel::gemm::gemm;
@@ -40,6 +40,12 @@ pub struct Scratch {
     dv: Vec<f32>,
     add: Vec<f32>,
     row: Vec<f32>,
+    /// The task's Q and dO rows, packed once (when they fit
+    /// `BWD_PANEL_BYTES`).
+    qp: Vec<f32>,
+    dop: Vec<f32>,
+    /// The padded head dims the tile buffers were sized for.
+    dims: (usize, usize),
 }
 
 /// `x` rounded up to a multiple of `m`.
@@ -65,7 +71,15 @@ impl Scratch {
             dv: z(BWD_KEYS * dvp),
             add: z(BWD_KEYS),
             row: z(dqkp.max(dvp)),
+            qp: Vec::new(),
+            dop: Vec::new(),
+            dims: (dqkp, dvp),
         }
+    }
+
+    /// Whether these buffers serve head dims `dqk`, `dv`.
+    pub fn fits(&self, dqk: usize, dv: usize) -> bool {
+        self.dims.0 >= round_up(dqk, LANES) && self.dims.1 >= round_up(dv, LANES)
     }
 }
 
@@ -151,6 +165,36 @@ pub fn run<V: Vector, T: CpuElement>(
     let scale = p.scale();
     let cap = o.softcap;
     let per_elem = ctx.bias.is_some() || ctx.mask.is_some();
+    // The task's Q and dO rows as f32 panels, packed once for all its key
+    // blocks when they fit (rows of a head `ql` apart, and a block of
+    // spare rows the products' padding may read).
+    let panel = (group * ql + BWD_ROWS) * (dqkp + dvp) * 4 <= BWD_PANEL_BYTES && !tests::no_panel();
+    if panel && !task.blocks.is_empty() {
+        let rows = group * ql + BWD_ROWS;
+        for (buf, w) in [(&mut ws.qp, dqkp), (&mut ws.dop, dvp)] {
+            if buf.len() < rows * w {
+                buf.resize(rows * w, 0.0);
+            }
+        }
+        for hh in 0..group {
+            let h = kvh * group + hh;
+            for i in 0..ql {
+                let at = hh * ql + i;
+                read_row::<V, T>(
+                    ctx.q,
+                    &p.q,
+                    [b, i, h],
+                    &mut ws.qp[at * dqkp..at * dqkp + dqk],
+                );
+                read_row::<V, T>(
+                    ctx.d_out,
+                    &p.out,
+                    [b, i, h],
+                    &mut ws.dop[at * dvp..at * dvp + dv],
+                );
+            }
+        }
+    }
     let blocks = task.blocks.clone();
     for blk in blocks {
         let j0 = blk * BWD_KEYS;
@@ -208,20 +252,30 @@ pub fn run<V: Vector, T: CpuElement>(
                 let r_lo = r_lo - r_lo % mr;
                 let (i0, mq) = (ib + r_lo, r_hi - r_lo);
                 let mqp = round_up(mq, mr);
-                for r in 0..mq {
-                    let dst = &mut ws.q[r * dqkp..r * dqkp + dqk];
-                    read_row::<V, T>(ctx.q, &p.q, [b, i0 + r, h], dst);
-                    let dst = &mut ws.d_o[r * dvp..r * dvp + dv];
-                    read_row::<V, T>(ctx.d_out, &p.out, [b, i0 + r, h], dst);
-                }
+                // Q and dO rows i0..i0+mqp of head h: in the panels, or
+                // packed for this tile.
+                let (qa, da) = if panel {
+                    let at = hh * ql + i0;
+                    (ws.qp[at * dqkp..].as_ptr(), ws.dop[at * dvp..].as_ptr())
+                } else {
+                    for r in 0..mq {
+                        let dst = &mut ws.q[r * dqkp..r * dqkp + dqk];
+                        read_row::<V, T>(ctx.q, &p.q, [b, i0 + r, h], dst);
+                        let dst = &mut ws.d_o[r * dvp..r * dvp + dv];
+                        read_row::<V, T>(ctx.d_out, &p.out, [b, i0 + r, h], dst);
+                    }
+                    (ws.q.as_ptr(), ws.d_o.as_ptr())
+                };
                 // S = Q K^T.
-                // SAFETY: q holds BWD_ROWS >= mqp rows of dqkp floats, kt
+                // SAFETY: qa has mqp rows of dqkp floats (the tile buffer
+                // holds BWD_ROWS >= mqp rows; a panel, BWD_ROWS spare rows
+                // past its last head's), kt
                 // dqk rows of BWD_KEYS >= ncols, s BWD_ROWS rows of
                 // BWD_KEYS; mqp is a multiple of mr, ncols of 16.
                 unsafe {
                     gemm::<V>(
                         (mqp, ncols, dqk),
-                        ws.q.as_ptr(),
+                        qa,
                         (dqkp, 1),
                         ws.kt.as_ptr(),
                         BWD_KEYS,
@@ -292,7 +346,7 @@ pub fn run<V: Vector, T: CpuElement>(
                 unsafe {
                     gemm::<V>(
                         (mqp, ncols, dv),
-                        ws.d_o.as_ptr(),
+                        da,
                         (dvp, 1),
                         ws.vt.as_ptr(),
                         BWD_KEYS,
@@ -345,7 +399,7 @@ pub fn run<V: Vector, T: CpuElement>(
                         (nk, dvp, mq),
                         ws.s.as_ptr(),
                         (1, BWD_KEYS),
-                        ws.d_o.as_ptr(),
+                        da,
                         dvp,
                         ws.dv.as_mut_ptr(),
                         dvp,
@@ -355,7 +409,7 @@ pub fn run<V: Vector, T: CpuElement>(
                         (nk, dqkp, mq),
                         ws.dp.as_ptr(),
                         (1, BWD_KEYS),
-                        ws.q.as_ptr(),
+                        qa,
                         dqkp,
                         ws.dk.as_mut_ptr(),
                         dqkp,
@@ -376,5 +430,26 @@ pub fn run<V: Vector, T: CpuElement>(
             }
         }
         outs.write_kv(ctx, (b, kvh, j0), (n, all), (&ws.dk, dqkp), (&ws.dv, dvp));
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Tests force the per-tile packing of Q and dO (the path of problems
+    /// too large for the panels).
+    pub static NO_PANEL: AtomicBool = AtomicBool::new(false);
+
+    pub fn no_panel() -> bool {
+        NO_PANEL.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(not(test))]
+mod tests {
+    #[inline(always)]
+    pub fn no_panel() -> bool {
+        false
     }
 }
