@@ -107,7 +107,10 @@ fn parse_ptxas(log: &str) -> Usage {
 
 /// The main kernels, which must not spill.
 fn is_main(v: &Variant) -> bool {
-    matches!(v.kernel, Kernel::Mma | Kernel::Simt)
+    matches!(
+        v.kernel,
+        Kernel::Mma | Kernel::Simt | Kernel::BwdDq | Kernel::BwdDkdv
+    )
 }
 
 /// Compiles `v` with NVRTC, writes its PTX, and runs ptxas on it.

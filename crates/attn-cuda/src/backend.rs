@@ -1,5 +1,8 @@
 //! The CUDA backend: a context and stream on one GPU, a cache of loaded
-//! kernels keyed on [`Variant`], device buffers, and the launches.
+//! kernels keyed on [`Variant`], device buffers, and the launches
+//! (the backward pass's in `backward.rs`).
+
+mod backward;
 
 use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};
 use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};

@@ -148,6 +148,35 @@ pub fn plan_splits(blocks: usize, kv_len: usize, sms: usize, block_n: usize) -> 
     (kv_len.div_ceil(per), per)
 }
 
+/// The backward kernels' parameter block (`struct BwdParams` in
+/// `kernels/bwd.cu`): the forward's [`Params`] (whose `o` is the forward
+/// output the backward reads), then the backward's own tensors.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BwdParams {
+    /// The forward's problem.
+    pub p: Params,
+    /// dO, laid out as O.
+    pub d_out: u64,
+    /// dQ, laid out as Q.
+    pub dq: u64,
+    /// dK, laid out as K.
+    pub dk: u64,
+    /// dV, laid out as V.
+    pub dv: u64,
+    /// `D = dO . O`, `[b, hq, sq]` f32 scratch.
+    pub d_rows: u64,
+    /// The bias gradient (f32), or 0.
+    pub dbias: u64,
+    /// The sinks' gradient (f32 `[hq]`), or 0.
+    pub dsinks: u64,
+    /// Strides of the bias gradient (batch, head, query, key).
+    pub dbias_st: [i64; 4],
+}
+
+// SAFETY: as `Params`: `repr(C)` plain data read by value.
+unsafe impl cudarc::driver::DeviceRepr for BwdParams {}
+
 impl Params {
     /// The sizes, strides and options of `p` (device addresses left 0),
     /// for `splits` splits of `keys_per_split` keys.
@@ -301,6 +330,34 @@ mod tests {
             "pad1",
         ];
         assert_eq!(c_names, rust);
+    }
+
+    /// `struct BwdParams` in bwd.cu: `Params` (400 bytes, 8-aligned), seven
+    /// pointers, four i64 strides, in this order.
+    #[test]
+    fn bwd_params_layout_matches_the_cuda_struct() {
+        assert_eq!(offset_of!(BwdParams, d_out), 400);
+        assert_eq!(offset_of!(BwdParams, dsinks), 400 + 6 * 8);
+        assert_eq!(offset_of!(BwdParams, dbias_st), 400 + 7 * 8);
+        assert_eq!(size_of::<BwdParams>(), 400 + 7 * 8 + 32);
+        let c = include_str!("kernels/bwd.cu");
+        let start = c.find("struct BwdParams {").unwrap();
+        let body = &c[start..start + c[start..].find("};").unwrap()];
+        let names: Vec<&str> = body
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split("//").next())
+            .filter_map(|l| l.trim().strip_suffix(';'))
+            .map(|d| {
+                let n = d.split_whitespace().last().unwrap_or("");
+                let n = n.trim_start_matches('*');
+                n.split('[').next().unwrap_or("")
+            })
+            .collect();
+        assert_eq!(
+            names,
+            ["p", "d_out", "dq", "dk", "dv", "d_rows", "dbias", "dsinks", "dbias_st"]
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ const MMA: &str = include_str!("kernels/mma.cu");
 const SIMT: &str = include_str!("kernels/simt.cu");
 const COMBINE: &str = include_str!("kernels/combine.cu");
 const LINEAR: &str = include_str!("kernels/linear.cu");
+const BWD: &str = include_str!("kernels/bwd.cu");
 
 /// Largest head dim (Q/K or V) any kernel is built for.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -26,6 +27,12 @@ pub enum Kernel {
     Combine,
     /// `y = x W^T + b` for the multi-head layer's projections.
     Linear,
+    /// Backward: dQ, `D = dO . O` and the bias gradient (a warp per row).
+    BwdDq,
+    /// Backward: dK and dV (a warp per key).
+    BwdDkdv,
+    /// Backward: the sinks' gradient (a block per head).
+    BwdSinks,
 }
 
 impl Kernel {
@@ -36,6 +43,9 @@ impl Kernel {
             Kernel::Simt => "attn_simt",
             Kernel::Combine => "attn_combine",
             Kernel::Linear => "attn_linear",
+            Kernel::BwdDq => "attn_bwd_dq",
+            Kernel::BwdDkdv => "attn_bwd_dkdv",
+            Kernel::BwdSinks => "attn_bwd_dsinks",
         }
     }
 
@@ -46,6 +56,8 @@ impl Kernel {
             Kernel::Simt => 8 * 32,
             Kernel::Combine => 4 * 32,
             Kernel::Linear => 16 * 16,
+            Kernel::BwdDq | Kernel::BwdDkdv => 8 * 32,
+            Kernel::BwdSinks => 256,
         }
     }
 
@@ -57,6 +69,8 @@ impl Kernel {
             Kernel::Simt => 8,
             Kernel::Combine => 4,
             Kernel::Linear => 16,
+            Kernel::BwdDq | Kernel::BwdDkdv => 8,
+            Kernel::BwdSinks => 1,
         }
     }
 
@@ -177,7 +191,9 @@ impl Variant {
                 2 * (64 * (dq + 8) + 2 * (bn * (dq + 8) + bn * (dv + 8)))
             }
             Kernel::Simt => 4 * (32 * (dq + 1) + 32 * (dv + 1) + 8 * dq),
-            Kernel::Combine | Kernel::Linear => 0,
+            Kernel::BwdDq => 4 * (32 * (dq + 1) + 32 * (dv + 1) + 8 * dq + 8 * dv),
+            Kernel::BwdDkdv => 4 * (32 * (dq + 1) + 32 * (dv + 1) + 8 * dq + 8 * dv + 64),
+            Kernel::Combine | Kernel::Linear | Kernel::BwdSinks => 0,
         }
     }
 
@@ -217,6 +233,7 @@ impl Variant {
             Kernel::Simt => SIMT,
             Kernel::Combine => COMBINE,
             Kernel::Linear => LINEAR,
+            Kernel::BwdDq | Kernel::BwdDkdv | Kernel::BwdSinks => BWD,
         };
         format!("{}{COMMON}\n{body}\n", self.defines())
     }
@@ -300,6 +317,8 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
         (Kernel::Mma, &[DType::F16, DType::Bf16][..]),
         (Kernel::Simt, &[DType::F32, DType::F16, DType::Bf16][..]),
         (Kernel::Combine, &[DType::F32, DType::F16, DType::Bf16][..]),
+        (Kernel::BwdDq, &[DType::F32, DType::F16, DType::Bf16][..]),
+        (Kernel::BwdDkdv, &[DType::F32, DType::F16, DType::Bf16][..]),
     ] {
         for &elem in elems {
             for &(dqk, dv) in &dims {
@@ -323,6 +342,14 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
     }
     for elem in [DType::F32, DType::F16, DType::Bf16] {
         out.push(Variant::linear(elem, arch));
+    }
+    // The sinks' gradient reads only the log-sum-exp and D.
+    for sinks in [false, true] {
+        out.push(Variant {
+            kernel: Kernel::BwdSinks,
+            sinks,
+            ..Variant::linear(DType::F32, arch)
+        });
     }
     out
 }
@@ -392,7 +419,15 @@ mod tests {
     #[test]
     fn the_check_set_covers_every_kernel_and_type() {
         let v = check_variants((8, 0));
-        for k in [Kernel::Mma, Kernel::Simt, Kernel::Combine, Kernel::Linear] {
+        for k in [
+            Kernel::Mma,
+            Kernel::Simt,
+            Kernel::Combine,
+            Kernel::Linear,
+            Kernel::BwdDq,
+            Kernel::BwdDkdv,
+            Kernel::BwdSinks,
+        ] {
             assert!(v.iter().any(|x| x.kernel == k));
         }
         assert!(v

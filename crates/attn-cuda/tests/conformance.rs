@@ -1,9 +1,10 @@
 //! attn-cuda through the conformance suite on a GPU: every option and
 //! dtype against the f64 reference (both the tensor-core and the FMA
-//! kernel for f16/bf16), the hand-computed cases, bad input, and the
-//! split-KV decoding path. Without a GPU each test prints "skipping: no
+//! kernel for f16/bf16), the hand-computed cases, bad input, the
+//! split-KV decoding path, and the backward pass's suite. Without a GPU each test prints "skipping: no
 //! GPU" and passes, unless `ATTN_REQUIRE_GPU=1`, which makes it fail.
 
+use attn_conformance::backward::{self, check_backward, BackCase};
 use attn_conformance::{case_params, check_case, errors, hand, Case, Outcome};
 use attn_cuda::{Cuda, HalfKernel};
 use attn_spec::{AttnError, DType};
@@ -55,6 +56,35 @@ proptest! {
                 prop_assert_eq!(check_case(simt, &case), Ok(Outcome::Passed));
             }
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: gpu_cases() / 2, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The backward kernels on generated cases; the gradient of a bias
+    /// broadcast over batch or heads is refused (`Unsupported`), so those
+    /// cases must come back skipped.
+    #[test]
+    fn cuda_backward_passes_the_suite(params in case_params()) {
+        if let Some((tc, _)) = gpu() {
+            let bc = BackCase::build(params);
+            let s = bc.case.problem.shape;
+            let broadcast = bc.case.problem.bias.is_some_and(|b| b.view.dims[0] != s.batch || b.view.dims[1] != s.q_heads);
+            let r = check_backward(tc, &bc);
+            if broadcast {
+                prop_assert!(matches!(r, Ok(Outcome::Skipped(_))), "{:?}", r);
+            } else {
+                prop_assert_eq!(r, Ok(Outcome::Passed));
+            }
+        }
+    }
+}
+
+#[test]
+fn backward_hand_cases_and_bad_input() {
+    if let Some((tc, _)) = gpu() {
+        backward::all(tc).unwrap();
     }
 }
 

@@ -44,6 +44,9 @@ fn kernels_compile_through_nvrtc_without_a_gpu() {
             attn_cuda::Kernel::Simt,
             attn_cuda::Kernel::Combine,
             attn_cuda::Kernel::Linear,
+            attn_cuda::Kernel::BwdDq,
+            attn_cuda::Kernel::BwdDkdv,
+            attn_cuda::Kernel::BwdSinks,
         ] {
             let of: Vec<_> = all.iter().filter(|v| v.kernel == k).collect();
             picked.push(*of[0]);
