@@ -33,7 +33,7 @@ pub fn backward(
 ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
     if !q.device().is_cpu() {
         candle_core::bail!(
-            "attn: the backward pass runs on candle's CPU device (attn-cuda has no backward kernels yet)"
+            "attn: the backward pass runs on candle's CPU device (attn-candle's CUDA path has no backward yet)"
         );
     }
     let OpProblem::FromLayouts {

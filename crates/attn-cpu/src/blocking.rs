@@ -72,11 +72,14 @@ pub const BWD_KEYS: usize = 48;
 
 /// A backward task packs its Q and dO rows (all heads of its GQA group)
 /// into f32 panels once, for all its key blocks, when they take at most
-/// this many bytes; otherwise each tile packs its own rows. Measured
-/// (`BWD=1` in the `perf` example, encoder b8 h12 s256 d64, Zen 3, 1
-/// thread): packing per tile spent 18% of the task in loads that missed
-/// cache (rows of a `[b, s, h, d]` tensor are `h * d` apart).
-pub const BWD_PANEL_BYTES: usize = 4 << 20;
+/// this many bytes (per thread: the memory bound of this choice);
+/// otherwise each tile packs its own rows. Measured (`BWD=1` in the
+/// `perf` example, Zen 3): packing per tile spent 18% of the task in
+/// cache-missing loads on encoder b8 h12 s256 d64 (rows of a `[b, s, h,
+/// d]` tensor are `h * d` apart), 47 -> 61 GFLOP/s with panels; S = 8192,
+/// d = 128 causal (8 MiB of panels) ran at 65.6 / 114.6 GFLOP/s on 1 / 2
+/// threads with a 4 MiB limit and 70.9 / 125.8 with this one.
+pub const BWD_PANEL_BYTES: usize = 16 << 20;
 
 /// The backward pass cuts each (batch, K/V head) unit's key blocks into
 /// chunks until there are at least this many tasks (see `backward/`), a
