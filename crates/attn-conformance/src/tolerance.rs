@@ -107,6 +107,35 @@ impl Arith {
     }
 }
 
+/// The magnitude a score's rounding error is relative to: `|scale| *
+/// sum_d |q_d k_jd| + |alibi term| + |bias|` (a `-inf` bias, which
+/// excludes the pair, counts 0). `m` is batch entry `b`'s mask.
+pub fn pair_magnitude(
+    case: &Case,
+    m: &attn_spec::SeqMask,
+    (b, h, i, j): (usize, usize, usize, usize),
+) -> f64 {
+    let p = &case.problem;
+    let g = p.shape.kv_head(h);
+    let mut dot = 0.0;
+    for d in 0..p.shape.head_dim_qk {
+        let q = case.q.get(p.q.index([b, i, h, d]));
+        let k = case.k.get(p.k.index([b, j, g, d]));
+        dot += (q * k).abs();
+    }
+    let mut t = f64::from(p.scale()).abs() * dot;
+    if let Some(sl) = &p.options.alibi_slopes {
+        t += (f64::from(sl[h]) * (j as f64 - m.diagonal(i) as f64)).abs();
+    }
+    if let (Some(bd), Some(bb)) = (&p.bias, &case.bias) {
+        let x = bb.get(bd.view.index([b, h, i, j]));
+        if x.is_finite() {
+            t += x.abs();
+        }
+    }
+    t
+}
+
 /// Computes `A_out` and `A_lse` of a backend (f32 arithmetic) for every
 /// row, indexed like the log-sum-exp (`[batch, q_heads, q_len]`); `lse64`
 /// is the f64 reference's.
@@ -118,8 +147,6 @@ pub fn row_floors(case: &Case, lse64: &[f64]) -> Vec<RowFloor> {
 pub fn row_floors_in(case: &Case, lse64: &[f64], a: Arith) -> Vec<RowFloor> {
     let p = &case.problem;
     let s = p.shape;
-    let scale = f64::from(p.scale()).abs();
-    let o = &p.options;
     let mut floors = Vec::with_capacity(lse64.len());
     for b in 0..s.batch {
         let m = p.seq_mask(b);
@@ -130,23 +157,7 @@ pub fn row_floors_in(case: &Case, lse64: &[f64], a: Arith) -> Vec<RowFloor> {
                 let n = range.len() + 1;
                 let (mut mag, mut vmax) = (0.0f64, 0.0f64);
                 for j in range {
-                    let mut dot = 0.0;
-                    for d in 0..s.head_dim_qk {
-                        let q = case.q.get(p.q.index([b, i, h, d]));
-                        let k = case.k.get(p.k.index([b, j, g, d]));
-                        dot += (q * k).abs();
-                    }
-                    let mut t = scale * dot;
-                    if let Some(sl) = &o.alibi_slopes {
-                        t += (f64::from(sl[h]) * (j as f64 - m.diagonal(i) as f64)).abs();
-                    }
-                    if let (Some(bd), Some(bb)) = (&p.bias, &case.bias) {
-                        let x = bb.get(bd.view.index([b, h, i, j]));
-                        if x.is_finite() {
-                            t += x.abs();
-                        }
-                    }
-                    mag = mag.max(t);
+                    mag = mag.max(pair_magnitude(case, &m, (b, h, i, j)));
                     for d in 0..s.head_dim_v {
                         vmax = vmax.max(case.v.get(p.v.index([b, j, g, d])).abs());
                     }

@@ -36,7 +36,7 @@
 //! row sees, a fully masked row), so there a backend must give exactly 0.
 
 use crate::case::Case;
-use crate::tolerance::EXP_REL_ERR;
+use crate::tolerance::{pair_magnitude, EXP_REL_ERR};
 use attn_spec::reference::backward::RefGrads;
 use attn_spec::{DType, HostData};
 
@@ -137,20 +137,7 @@ pub fn bounds_given(
                     else {
                         continue;
                     };
-                    let mut mag = 0.0;
-                    for d in 0..dqk {
-                        let q = inputs.q.get(p.q.index([b, i, h, d]));
-                        let k = inputs.k.get(p.k.index([b, j, kvh, d]));
-                        mag += (q * k).abs();
-                    }
-                    mag *= scale.abs();
-                    if let Some(sl) = &o.alibi_slopes {
-                        mag += (f64::from(sl[h]) * (j as f64 - m.diagonal(i) as f64)).abs();
-                    }
-                    if let (Some(bd), Some(bb)) = (&p.bias, inputs.bias) {
-                        mag += bb.get(bd.view.index([b, h, i, j])).abs();
-                    }
-                    row.push((j, x, slope, mag));
+                    row.push((j, x, slope, pair_magnitude(case, &m, (b, h, i, j))));
                 }
                 let mx = row
                     .iter()
