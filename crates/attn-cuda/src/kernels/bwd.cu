@@ -73,14 +73,9 @@ attn_bwd_dq(const BwdParams bp) {
     key_range(p, m, i, &lo, &hi);
 
     float dsum = 0.0f;
-    for (int d = lane; d < DQK_PAD; d += 32) {
-        float x = 0.0f;
-        if (i < p.sq && d < DQK) {
-            x = load_elem(p.q, p.q_off + (i64)b * p.q_st[0] + (i64)i * p.q_st[1] +
-                                   (i64)h * p.q_st[2] + (i64)d * p.q_st[3]);
-        }
-        Qs[warp * DQK_PAD + d] = x;
-    }
+    load_row_warp(Qs + warp * DQK_PAD, DQK_PAD, DQK, p.q,
+                  p.q_off + (i64)b * p.q_st[0] + (i64)i * p.q_st[1] + (i64)h * p.q_st[2],
+                  p.q_st[3], i < p.sq);
     for (int d = lane; d < DV_PAD; d += 32) {
         float x = 0.0f;
         if (i < p.sq && d < DV) {
@@ -102,24 +97,10 @@ attn_bwd_dq(const BwdParams bp) {
 
     for (int t0 = blo; t0 < bhi; t0 += BWD_TILE) {
         __syncthreads();
-        for (int e = threadIdx.x; e < BWD_TILE * DQK_PAD; e += blockDim.x) {
-            int r = e / DQK_PAD, d = e % DQK_PAD, j = t0 + r;
-            float x = 0.0f;
-            if (j < bhi && d < DQK) {
-                x = load_elem(p.k, p.k_off + (i64)b * p.k_st[0] + (i64)j * p.k_st[1] +
-                                       (i64)g * p.k_st[2] + (i64)d * p.k_st[3]);
-            }
-            Ks[r * KSTR + d] = x;
-        }
-        for (int e = threadIdx.x; e < BWD_TILE * DV_PAD; e += blockDim.x) {
-            int r = e / DV_PAD, d = e % DV_PAD, j = t0 + r;
-            float x = 0.0f;
-            if (j < bhi && d < DV) {
-                x = load_elem(p.v, p.v_off + (i64)b * p.v_st[0] + (i64)j * p.v_st[1] +
-                                       (i64)g * p.v_st[2] + (i64)d * p.v_st[3]);
-            }
-            Vs[r * VSTR + d] = x;
-        }
+        load_rows(Ks, KSTR, BWD_TILE, DQK_PAD, DQK, p.k,
+                  p.k_off + (i64)b * p.k_st[0] + (i64)g * p.k_st[2], p.k_st[1], p.k_st[3], t0, bhi);
+        load_rows(Vs, VSTR, BWD_TILE, DV_PAD, DV, p.v,
+                  p.v_off + (i64)b * p.v_st[0] + (i64)g * p.v_st[2], p.v_st[1], p.v_st[3], t0, bhi);
         __syncthreads();
 
         const int j = t0 + lane;
@@ -174,22 +155,12 @@ attn_bwd_dkdv(const BwdParams bp) {
     const int j = key0 + warp;
     const SeqMask m = seq_mask(p, b);
 
-    for (int d = lane; d < DQK_PAD; d += 32) {
-        float x = 0.0f;
-        if (j < p.sk && d < DQK) {
-            x = load_elem(p.k, p.k_off + (i64)b * p.k_st[0] + (i64)j * p.k_st[1] +
-                                   (i64)g * p.k_st[2] + (i64)d * p.k_st[3]);
-        }
-        Kw[warp * DQK_PAD + d] = x;
-    }
-    for (int d = lane; d < DV_PAD; d += 32) {
-        float x = 0.0f;
-        if (j < p.sk && d < DV) {
-            x = load_elem(p.v, p.v_off + (i64)b * p.v_st[0] + (i64)j * p.v_st[1] +
-                                   (i64)g * p.v_st[2] + (i64)d * p.v_st[3]);
-        }
-        Vw[warp * DV_PAD + d] = x;
-    }
+    load_row_warp(Kw + warp * DQK_PAD, DQK_PAD, DQK, p.k,
+                  p.k_off + (i64)b * p.k_st[0] + (i64)j * p.k_st[1] + (i64)g * p.k_st[2],
+                  p.k_st[3], j < p.sk);
+    load_row_warp(Vw + warp * DV_PAD, DV_PAD, DV, p.v,
+                  p.v_off + (i64)b * p.v_st[0] + (i64)j * p.v_st[1] + (i64)g * p.v_st[2],
+                  p.v_st[3], j < p.sk);
 
     float dk[DQK_PAD / 32], dv[DV_PAD / 32];
 #pragma unroll
@@ -209,24 +180,10 @@ attn_bwd_dkdv(const BwdParams bp) {
             key_range(p, m, rl, &lo1, &hi1);
             if (!(lo0 < key1 && hi1 > key0 && lo0 < p.sk)) continue;
             __syncthreads();
-            for (int e = threadIdx.x; e < BWD_TILE * DQK_PAD; e += blockDim.x) {
-                int r = e / DQK_PAD, d = e % DQK_PAD, i = r0 + r;
-                float x = 0.0f;
-                if (i < m.ql && d < DQK) {
-                    x = load_elem(p.q, p.q_off + (i64)b * p.q_st[0] + (i64)i * p.q_st[1] +
-                                           (i64)h * p.q_st[2] + (i64)d * p.q_st[3]);
-                }
-                Qs[r * KSTR + d] = x;
-            }
-            for (int e = threadIdx.x; e < BWD_TILE * DV_PAD; e += blockDim.x) {
-                int r = e / DV_PAD, d = e % DV_PAD, i = r0 + r;
-                float x = 0.0f;
-                if (i < m.ql && d < DV) {
-                    x = load_elem(bp.d_out, p.o_off + (i64)b * p.o_st[0] + (i64)i * p.o_st[1] +
-                                                (i64)h * p.o_st[2] + (i64)d * p.o_st[3]);
-                }
-                Gs[r * VSTR + d] = x;
-            }
+            load_rows(Qs, KSTR, BWD_TILE, DQK_PAD, DQK, p.q,
+                      p.q_off + (i64)b * p.q_st[0] + (i64)h * p.q_st[2], p.q_st[1], p.q_st[3], r0, m.ql);
+            load_rows(Gs, VSTR, BWD_TILE, DV_PAD, DV, bp.d_out,
+                      p.o_off + (i64)b * p.o_st[0] + (i64)h * p.o_st[2], p.o_st[1], p.o_st[3], r0, m.ql);
             for (int r = threadIdx.x; r < BWD_TILE; r += blockDim.x) {
                 int i = r0 + r;
                 i64 row = ((i64)b * p.hq + h) * p.sq + i;

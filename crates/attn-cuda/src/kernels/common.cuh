@@ -104,6 +104,30 @@ __device__ __forceinline__ void store_elem(void* p, i64 i, float x) {
 }
 #endif
 
+// Rows row0..row0+rows of one head of a rank-4 tensor into shared memory,
+// by the whole block: dst[r * ld + d] for d < pad, from element
+// base + (row0 + r) * row_st + d * dim_st (base: the head's row 0), and 0
+// for rows at or past `end` and columns at or past `dim`.
+__device__ __forceinline__ void load_rows(float* dst, int ld, int rows, int pad, int dim,
+                                          const void* src, i64 base, i64 row_st, i64 dim_st,
+                                          int row0, int end) {
+    for (int e = threadIdx.x; e < rows * pad; e += blockDim.x) {
+        int r = e / pad, d = e % pad, j = row0 + r;
+        float x = 0.0f;
+        if (j < end && d < dim) x = load_elem(src, base + (i64)j * row_st + (i64)d * dim_st);
+        dst[r * ld + d] = x;
+    }
+}
+
+// One row into shared memory, by one warp: dst[d] for d < pad, from
+// element at + d * dim_st, 0 past `dim` or when the row is not `valid`.
+__device__ __forceinline__ void load_row_warp(float* dst, int pad, int dim, const void* src,
+                                              i64 at, i64 dim_st, bool valid) {
+    for (int d = (threadIdx.x & 31); d < pad; d += 32) {
+        dst[d] = (valid && d < dim) ? load_elem(src, at + (i64)d * dim_st) : 0.0f;
+    }
+}
+
 __device__ __forceinline__ float load_bias(const void* p, i64 i) {
 #if BIAS_KIND == 1
     return ((const float*)p)[i];
