@@ -19,7 +19,7 @@ pub fn attend_dense(p: &Problem, inp: Inputs<'_, HostData>) -> RefResult {
     let mut lse = vec![f64::NEG_INFINITY; s.batch * s.q_heads * sq];
     let mut probs = vec![0.0; s.batch * s.q_heads * sq * sk];
     let o = &p.options;
-    let scale = f64::from(p.scale());
+    let scale = p.scale_exact();
     let ninf = f64::NEG_INFINITY;
     for b in 0..s.batch {
         let m = p.seq_mask(b);

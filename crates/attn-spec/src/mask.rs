@@ -37,18 +37,33 @@ pub struct SeqMask {
     pub kv_len: usize,
     /// Diagonal offset: row `i`'s diagonal key is `i + offset`.
     pub offset: i64,
-    /// Keys visible left of the diagonal (`None`: unbounded).
+    /// Keys visible left of the diagonal (`None`: unbounded). [`SeqMask::new`]
+    /// saturates it at `q_len + kv_len`, past which a side hides nothing.
     pub left: Option<usize>,
-    /// Keys visible right of the diagonal (`None`: unbounded).
+    /// Keys visible right of the diagonal (`None`: unbounded), saturated
+    /// as `left`.
     pub right: Option<usize>,
+}
+
+/// A window side as the signed distance the range arithmetic uses: any
+/// `usize` (up to `usize::MAX`, which a caller may pass for "unbounded")
+/// saturates at `i64::MAX` instead of wrapping.
+#[inline]
+fn side(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 impl SeqMask {
     /// The mask of a sequence with `q_len` rows and `kv_len` keys.
     pub fn new(kind: MaskKind, alignment: Alignment, q_len: usize, kv_len: usize) -> Self {
         let (left, right) = kind.window();
+        // A side of `q_len + kv_len` or more already reaches past every key
+        // of every row (|c| < q_len + kv_len): saturating there changes no
+        // visibility and keeps every later sum far from overflow.
+        let reach = q_len.saturating_add(kv_len);
+        let (left, right) = (left.map(|l| l.min(reach)), right.map(|r| r.min(reach)));
         let offset = match alignment {
-            Alignment::BottomRight => kv_len as i64 - q_len as i64,
+            Alignment::BottomRight => side(kv_len) - side(q_len),
             Alignment::TopLeft => 0,
         };
         SeqMask {
@@ -63,7 +78,7 @@ impl SeqMask {
     /// The diagonal key of row `row` (may lie outside `0..kv_len`).
     #[inline]
     pub fn diagonal(&self, row: usize) -> i64 {
-        row as i64 + self.offset
+        side(row).saturating_add(self.offset)
     }
 
     /// The visible keys of `row`, as a half-open range (empty when none).
@@ -73,13 +88,13 @@ impl SeqMask {
             return 0..0;
         }
         let c = self.diagonal(row);
-        let kv = self.kv_len as i64;
+        let kv = side(self.kv_len);
         let lo = match self.left {
-            Some(l) => (c - l as i64).clamp(0, kv),
+            Some(l) => c.saturating_sub(side(l)).clamp(0, kv),
             None => 0,
         };
         let hi = match self.right {
-            Some(r) => (c + r as i64 + 1).clamp(0, kv),
+            Some(r) => c.saturating_add(side(r)).saturating_add(1).clamp(0, kv),
             None => kv,
         };
         if lo >= hi {
@@ -96,9 +111,9 @@ impl SeqMask {
             return false;
         }
         let c = self.diagonal(row);
-        let j = key as i64;
-        let left_ok = self.left.is_none_or(|l| j >= c - l as i64);
-        let right_ok = self.right.is_none_or(|r| j <= c + r as i64);
+        let j = side(key);
+        let left_ok = self.left.is_none_or(|l| j >= c.saturating_sub(side(l)));
+        let right_ok = self.right.is_none_or(|r| j <= c.saturating_add(side(r)));
         left_ok && right_ok
     }
 
@@ -232,6 +247,77 @@ mod tests {
         );
         for i in 0..4 {
             assert_eq!(m.kv_range(i), i + 2..i + 3);
+        }
+    }
+
+    /// A side of `usize::MAX` (or anything past `i64::MAX`) means "no
+    /// bound" and must behave exactly as `None`, whether it went through
+    /// `new` (saturated there) or was set on the struct directly (saturated
+    /// in the arithmetic); before, `usize::MAX as i64` wrapped to -1 and hid
+    /// every key.
+    #[test]
+    fn huge_window_sides_are_unbounded() {
+        let huge = [
+            usize::MAX,
+            usize::MAX - 1,
+            i64::MAX as usize,
+            i64::MAX as usize + 1,
+            u32::MAX as usize,
+            1 << 40,
+            20,
+        ];
+        for al in [Alignment::BottomRight, Alignment::TopLeft] {
+            for (ql, kl) in [(0, 0), (1, 9), (9, 1), (7, 7), (3, 12)] {
+                for &h in &huge {
+                    for (kind, want) in [
+                        (
+                            MaskKind::Window {
+                                left: Some(h),
+                                right: Some(h),
+                            },
+                            MaskKind::None,
+                        ),
+                        (
+                            MaskKind::Window {
+                                left: Some(h),
+                                right: Some(0),
+                            },
+                            MaskKind::Causal,
+                        ),
+                        (
+                            MaskKind::Window {
+                                left: Some(1),
+                                right: Some(h),
+                            },
+                            MaskKind::Window {
+                                left: Some(1),
+                                right: None,
+                            },
+                        ),
+                    ] {
+                        let m = SeqMask::new(kind, al, ql, kl);
+                        let (l, r) = kind.window();
+                        let raw = SeqMask {
+                            left: l,
+                            right: r,
+                            ..m
+                        };
+                        let w = SeqMask::new(want, al, ql, kl);
+                        for i in 0..ql + 1 {
+                            assert_eq!(
+                                m.kv_range(i),
+                                w.kv_range(i),
+                                "{kind:?} {al:?} {ql}x{kl} row {i}"
+                            );
+                            assert_eq!(raw.kv_range(i), w.kv_range(i), "raw {kind:?} row {i}");
+                            for j in 0..kl + 1 {
+                                assert_eq!(m.visible(i, j), w.visible(i, j));
+                                assert_eq!(raw.visible(i, j), w.visible(i, j));
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -156,11 +156,21 @@ impl Problem {
         self
     }
 
-    /// The effective score scale.
+    /// The effective score scale as a backend computes with it: the given
+    /// scale, or `1/sqrt(Dqk)` rounded to the nearest f32 (SEMANTICS §3).
     pub fn scale(&self) -> f32 {
         self.options
             .scale
-            .unwrap_or_else(|| (1.0 / (self.shape.head_dim_qk as f64).sqrt()) as f32)
+            .unwrap_or_else(|| self.scale_exact() as f32)
+    }
+
+    /// The effective score scale exactly, as the f64 oracle uses it: the
+    /// given (f32) scale, or `1/sqrt(Dqk)` in f64 (correctly rounded: IEEE
+    /// `sqrt` and division), not rounded to f32.
+    pub fn scale_exact(&self) -> f64 {
+        self.options
+            .scale
+            .map_or_else(|| 1.0 / (self.shape.head_dim_qk as f64).sqrt(), f64::from)
     }
 
     /// Valid `(q_len, kv_len)` of batch entry `b`.

@@ -113,7 +113,7 @@ pub fn bounds_given(
         _ => 0.0,
     };
     let (dqk, dvd) = (s.head_dim_qk, s.head_dim_v);
-    let scale = f64::from(p.scale());
+    let scale = p.scale_exact();
     let o = &p.options;
     let inputs = case.inputs();
     let mut dq = vec![Acc::default(); g.dq.len()];

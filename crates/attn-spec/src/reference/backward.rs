@@ -45,7 +45,7 @@ pub fn gradients(problem: &Problem, inputs: Inputs<'_, HostData>, d_out: &HostDa
             .map(|v| vec![0.0; v.numel().expect("validated")]),
         dsinks: p.options.sinks.as_ref().map(|v| vec![0.0; v.len()]),
     };
-    let scale = f64::from(p.scale());
+    let scale = p.scale_exact();
     // (key, score, d score / d (q . k)) of the row's visible keys.
     let mut row: Vec<(usize, f64, f64)> = Vec::with_capacity(s.kv_len);
     for b in 0..s.batch {

@@ -128,7 +128,7 @@ fn attend_in<T: Real>(
     let mut out = vec![0.0; s.batch * s.q_len * s.q_heads * dv];
     let mut lse = vec![f64::NEG_INFINITY; s.batch * s.q_heads * s.q_len];
     let mut probs = want_probs.then(|| vec![0.0; s.batch * s.q_heads * s.q_len * s.kv_len]);
-    let scale = T::of(p.scale().into());
+    let scale = T::of(p.scale_exact());
     let o = &p.options;
     let mut scores: Vec<(usize, T)> = Vec::with_capacity(s.kv_len);
     for b in 0..s.batch {
