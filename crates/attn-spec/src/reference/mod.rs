@@ -387,3 +387,30 @@ pub fn check_linear<B: Backend + ?Sized>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AttnOptions, Shape};
+
+    /// The oracle's default scale is 1/sqrt(d) in f64, not its f32
+    /// rounding: with d = 72 (1/sqrt(72) is 3e-9 relative away from its
+    /// nearest f32), one key of score x = 72/sqrt(72) = sqrt(72) gives
+    /// lse = x exactly to within f64 rounding. Through an f32 scale the
+    /// error was ~2.6e-8.
+    #[test]
+    fn the_default_scale_is_exact() {
+        for d in [32usize, 72, 80] {
+            let mut p = Problem::new(Shape::new(1, 1, 1, 1, 1, d), DType::F64);
+            p.options = AttnOptions::default().with_lse();
+            let ones = HostData::F64(vec![1.0; d]);
+            let r = attend(&p, Inputs::new(&ones, &ones, &ones), Precision::F64, false);
+            let want = (d as f64).sqrt();
+            assert!(
+                (r.lse[0] - want).abs() <= 4.0 * f64::EPSILON * want,
+                "d = {d}: lse {} vs {want}",
+                r.lse[0]
+            );
+        }
+    }
+}
