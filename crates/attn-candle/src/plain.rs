@@ -124,10 +124,10 @@ pub fn forward(
         for h in 0..hq {
             for i in 0..sq {
                 for j in 0..sk {
-                    let mut x = o
-                        .alibi_slopes
-                        .as_ref()
-                        .map_or(0.0, |sl| -sl[h] * (j as f32 - m.diagonal(i) as f32).abs());
+                    // The distance in integers, rounded once: exact below
+                    // 2^24 (the difference of two rounded f32 keys is not).
+                    let dist = (j as i64).abs_diff(m.diagonal(i)) as f32;
+                    let mut x = o.alibi_slopes.as_ref().map_or(0.0, |sl| -sl[h] * dist);
                     let keep = mask_host
                         .as_ref()
                         .is_none_or(|(mv, v)| mv[v.index([bi, h, i, j])] != 0);

@@ -348,7 +348,7 @@ fn transform_row<T>(ctx: &Ctx<'_, T>, item: &Item, r: usize, j0: usize, s: &mut 
     let (pos, h) = item.row(r);
     let mask = p.seq_mask(item.b);
     let range = mask.kv_range(pos);
-    let diag = mask.diagonal(pos) as f32;
+    let diag = mask.diagonal(pos);
     for (j, x) in s.iter_mut().enumerate() {
         let jg = j0 + j;
         let mut t = *x;
@@ -356,7 +356,9 @@ fn transform_row<T>(ctx: &Ctx<'_, T>, item: &Item, r: usize, j0: usize, s: &mut 
             t = cap * (t / cap).tanh() * LOG2_E;
         }
         if let Some(sl) = &o.alibi_slopes {
-            t -= sl[h] * LOG2_E * (jg as f32 - diag).abs();
+            // The distance in integers, then one rounding: exact below 2^24.
+            let dist = i64::try_from(jg).map_or(u64::MAX, |j| j.abs_diff(diag));
+            t -= sl[h] * LOG2_E * dist as f32;
         }
         if !range.contains(&jg) {
             t = f32::NEG_INFINITY;

@@ -369,11 +369,11 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
 /// Per-row facts of a block, as vectors over the lanes.
 pub struct RowInfo<V, const NV: usize> {
     /// First visible key of each row (`0` for rows past the block).
-    lo: [[i32; LANES]; NV],
+    lo: [[usize; LANES]; NV],
     /// One past the last visible key (`0` for rows past the block).
-    hi: [[i32; LANES]; NV],
-    /// The diagonal key of each row, as f32 (for ALiBi).
-    diag: [V; NV],
+    hi: [[usize; LANES]; NV],
+    /// The diagonal key of each row (for ALiBi).
+    diag: [[i64; LANES]; NV],
     /// ALiBi slope of each row's head times log2(e).
     slope: [V; NV],
     /// Keys each vector's rows see at most: the hull of its rows' ranges
@@ -384,22 +384,22 @@ pub struct RowInfo<V, const NV: usize> {
 impl<V: Vector, const NV: usize> RowInfo<V, NV> {
     #[inline(always)]
     fn new<T>(ctx: &Ctx<'_, T>, item: &Item, mask: &SeqMask) -> Self {
-        let mut lo = [[0i32; LANES]; NV];
-        let mut hi = [[0i32; LANES]; NV];
-        let mut diag = [[0f32; LANES]; NV];
+        let mut lo = [[0usize; LANES]; NV];
+        let mut hi = [[0usize; LANES]; NV];
+        let mut diag = [[0i64; LANES]; NV];
         let mut slope = [[0f32; LANES]; NV];
         let mut bounds = [(usize::MAX, 0); NV];
         for r in 0..item.rows() {
             let (pos, h) = item.row(r);
             let range = mask.kv_range(pos);
             let (v, l) = (r / LANES, r % LANES);
-            lo[v][l] = range.start as i32;
-            hi[v][l] = range.end as i32;
+            lo[v][l] = range.start;
+            hi[v][l] = range.end;
             if !range.is_empty() {
                 let b = &mut bounds[v];
                 *b = (b.0.min(range.start), b.1.max(range.end));
             }
-            diag[v][l] = mask.diagonal(pos) as f32;
+            diag[v][l] = mask.diagonal(pos);
             if let Some(s) = &ctx.p.options.alibi_slopes {
                 slope[v][l] = s[h] * LOG2_E;
             }
@@ -407,10 +407,29 @@ impl<V: Vector, const NV: usize> RowInfo<V, NV> {
         RowInfo {
             lo,
             hi,
-            diag: vectors(&diag),
+            diag,
             slope: vectors(&slope),
             bounds: bounds.map(|b| if b.0 < b.1 { b } else { (0, 0) }),
         }
+    }
+
+    /// Vector `v`'s visible ranges relative to the tile `j0..j0+n`, clamped
+    /// to `0..=n`: small i32s whatever the sequence length, so the mask
+    /// compare is exact at any size `validate` accepts.
+    #[inline(always)]
+    fn ranges_in_tile(&self, v: usize, j0: usize, n: usize) -> ([i32; LANES], [i32; LANES]) {
+        let rel = |x: usize| x.saturating_sub(j0).min(n) as i32;
+        (self.lo[v].map(rel), self.hi[v].map(rel))
+    }
+
+    /// Vector `v`'s signed distances `j0 - diagonal` from the tile's first
+    /// key, formed exactly in integers: `j - c` for key `j0 + j` is then
+    /// `j + this`, exact in f32 while below 2^24 in magnitude and within
+    /// one rounding (2^-24 relative) beyond, however long the sequence.
+    #[inline(always)]
+    fn alibi_base(&self, v: usize, j0: usize) -> V {
+        let j0 = i64::try_from(j0).unwrap_or(i64::MAX);
+        V::from(self.diag[v].map(|c| j0.saturating_sub(c) as f32))
     }
 }
 
@@ -441,9 +460,16 @@ fn transform<V: Vector, T, const NV: usize>(
     let cap = o.softcap;
     let alibi = o.alibi_slopes.is_some();
     assert!(st.len() >= n * w);
+    let mut ranges = [([0i32; LANES], [0i32; LANES]); NV];
+    let mut base = [V::ZERO; NV];
+    for v in 0..NV {
+        ranges[v] = rows.ranges_in_tile(v, j0, n);
+        if alibi {
+            base[v] = rows.alibi_base(v, j0);
+        }
+    }
     for j in 0..n {
-        let jg = j0 + j;
-        let jf = V::splat(jg as f32);
+        let jf = V::splat(j as f32);
         for v in 0..NV {
             let at = j * w + v * LANES;
             // SAFETY: j < n and the assert above: 16 floats at `at`.
@@ -453,9 +479,10 @@ fn transform<V: Vector, T, const NV: usize>(
                 t = c * tanh(t / c) * V::splat(LOG2_E);
             }
             if alibi {
-                t -= rows.slope[v] * (jf - rows.diag[v]).abs();
+                t -= rows.slope[v] * (jf + base[v]).abs();
             }
-            t = t.fill_outside(jg as i32, &rows.lo[v], &rows.hi[v], f32::NEG_INFINITY);
+            let (lo, hi) = &ranges[v];
+            t = t.fill_outside(j as i32, lo, hi, f32::NEG_INFINITY);
             // SAFETY: as above.
             unsafe { store(st.as_mut_ptr().add(at), t) };
         }
@@ -477,6 +504,49 @@ fn transform<V: Vector, T, const NV: usize>(
         for r0 in (0..item.rows()).step_by(LANES) {
             let rows: Vec<_> = (r0..item.rows().min(r0 + LANES)).map(at).collect();
             apply_mask_block::<V>(mask, &rows, (j0, n), &mut st[r0..], w);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::portable::V16;
+
+    /// Ranges and ALiBi distances far past 2^31 and 2^24 keys (which no
+    /// test can allocate): the tile-relative ranges mask exactly the keys
+    /// outside each row's range, and the distances are exact integers.
+    /// Before, `range.start as i32` wrapped past 2^31 and `jg as f32`
+    /// rounded odd keys past 2^24 to even.
+    #[test]
+    fn tile_ranges_and_distances_are_exact_at_any_length() {
+        let big = (1usize << 33) + 7;
+        let mut rows = RowInfo::<V16, 1> {
+            lo: [[0; LANES]; 1],
+            hi: [[0; LANES]; 1],
+            diag: [[0; LANES]; 1],
+            slope: [V16::ZERO; 1],
+            bounds: [(0, 0); 1],
+        };
+        for l in 0..LANES {
+            rows.lo[0][l] = big + l;
+            rows.hi[0][l] = big + 2 * l + 1;
+            rows.diag[0][l] = (big + l) as i64;
+        }
+        for j0 in [big - 40, big - 1, big, big + 5, big + 20] {
+            let n = 16;
+            let (lo, hi) = rows.ranges_in_tile(0, j0, n);
+            let base = rows.alibi_base(0, j0).to_array();
+            for l in 0..LANES {
+                for j in 0..n {
+                    let key = j0 + j;
+                    let visible = rows.lo[0][l] <= key && key < rows.hi[0][l];
+                    let rel = j as i32;
+                    assert_eq!(visible, lo[l] <= rel && rel < hi[l], "lane {l} key {key}");
+                    let dist = (key as i64 - rows.diag[0][l]).abs() as f32;
+                    assert_eq!((j as f32 + base[l]).abs(), dist, "lane {l} key {key}");
+                }
+            }
         }
     }
 }

@@ -17,7 +17,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod isa;
-mod portable;
+pub(crate) mod portable;
 
 pub use isa::{vectorize, Isa, Op};
 
