@@ -6,7 +6,7 @@ use crate::op::{host_data, AttnOp, OpProblem};
 use crate::plain;
 use attn_spec::{
     check_call, reference::check_linear, AttnError, Backend, BufferInfo, DType, HostData, Inputs,
-    Problem, Result,
+    Problem, Result, View,
 };
 use candle_core::{DType as CDType, Device, Tensor};
 use std::sync::Mutex;
@@ -199,7 +199,7 @@ impl Backend for CandleBackend {
                 plain::forward(problem, inputs, &self.device).map_err(|e| self.err(e))?
             }
         };
-        *out = place(out, o).map_err(|e| self.err(e))?;
+        *out = place_view(out, o, &problem.out).map_err(|e| self.err(e))?;
         if let (Some(dst), Some(l)) = (lse, l) {
             *dst = place(dst, l).map_err(|e| self.err(e))?;
         }
@@ -227,6 +227,30 @@ impl Backend for CandleBackend {
         };
         run().map_err(|e| self.err(e))
     }
+}
+
+/// `src`, the engines' output laid out by `view` over the view's extent,
+/// written into `dst` at the view's elements only: the gaps of a strided
+/// view keep `dst`'s values, as the `Backend` contract promises.
+fn place_view(dst: &Tensor, src: Tensor, view: &View) -> candle_core::Result<Tensor> {
+    let n = src.elem_count();
+    let mut covered = vec![0u8; n];
+    let [d0, d1, d2, d3] = view.dims;
+    for a in 0..d0 {
+        for b in 0..d1 {
+            for c in 0..d2 {
+                for d in 0..d3 {
+                    covered[view.index([a, b, c, d])] = 1;
+                }
+            }
+        }
+    }
+    if covered.iter().all(|&c| c == 1) {
+        return place(dst, src);
+    }
+    let keep = Tensor::from_vec(covered, n, dst.device())?;
+    let merged = keep.where_cond(&src, &dst.narrow(0, 0, n)?)?;
+    place(dst, merged)
 }
 
 /// `src` written over the first elements of `dst` (the rest of `dst`

@@ -245,8 +245,10 @@ pub fn split_kv<B: Backend>(backend: &B) -> Result<(), String> {
     Ok(())
 }
 
-/// All hand-computed cases.
+/// All hand-computed cases, and the trait promises of
+/// [`crate::contract`].
 pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
+    crate::contract::all(backend)?;
     uniform(backend)?;
     one_hot(backend)?;
     fully_masked(backend)?;

@@ -12,6 +12,7 @@
 pub mod backward;
 pub mod case;
 pub mod check;
+pub mod contract;
 pub mod errors;
 pub mod hand;
 pub mod rng;
