@@ -4,6 +4,7 @@
 
 mod backward;
 
+use crate::cache::Cache;
 use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};
 use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
 use crate::{compile, libs};
@@ -16,8 +17,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError,
     LaunchConfig, PushKernelArg,
 };
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// A buffer on the GPU: raw bytes plus the element type they hold.
 #[derive(Debug)]
@@ -74,7 +74,7 @@ pub struct Cuda {
     smem_optin: usize,
     device_name: String,
     half_kernel: HalfKernel,
-    functions: Mutex<HashMap<Variant, CudaFunction>>,
+    functions: Cache<Variant, CudaFunction>,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -168,7 +168,7 @@ impl Cuda {
             } else {
                 HalfKernel::Simt
             },
-            functions: Mutex::new(HashMap::new()),
+            functions: Cache::default(),
         })
     }
 
@@ -233,14 +233,18 @@ impl Cuda {
     }
 
     /// The loaded kernel of `v`: compiled and loaded once, then cached.
+    /// Only `v`'s own slot is locked while NVRTC compiles (see
+    /// [`crate::cache`]).
     fn function(&self, v: &Variant) -> Result<CudaFunction> {
-        let mut map = self.functions.lock().map_err(|_| AttnError::Backend {
+        let poisoned = |_| AttnError::Backend {
             backend: self.name(),
-            message: "kernel cache lock poisoned".into(),
-        })?;
-        if let Some(f) = map.get(v) {
-            return Ok(f.clone());
-        }
+            message: "kernel cache lock poisoned (a compile panicked)".into(),
+        };
+        self.functions.get_or_build(v, || self.load(v), poisoned)
+    }
+
+    /// Compiles and loads `v`, raising its shared-memory limit if needed.
+    fn load(&self, v: &Variant) -> Result<CudaFunction> {
         let ptx = compile::ptx(v)?;
         let module = self.ctx.load_module(ptx).map_err(drv)?;
         let f = module.load_function(v.kernel.function()).map_err(drv)?;
@@ -252,7 +256,6 @@ impl Cuda {
             )
             .map_err(drv)?;
         }
-        map.insert(*v, f.clone());
         Ok(f)
     }
 

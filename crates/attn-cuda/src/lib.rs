@@ -27,6 +27,7 @@
 //! Q/K and V head dims, any head dim up to 256 (padded inside the kernel).
 
 mod backend;
+pub mod cache;
 pub mod compile;
 pub mod libs;
 pub mod params;
