@@ -1,7 +1,7 @@
 //! The differential check: run a case on a backend and compare every row
 //! with the f64 reference under the bound of [`crate::tolerance`].
 
-use crate::case::Case;
+use crate::case::{Case, Numbers};
 use crate::tolerance::{row_floors, RowFloor};
 use attn_spec::reference::{attend, Precision, RefResult};
 use attn_spec::{round_to, AttnError, Backend, HostData, Inputs};
@@ -75,6 +75,9 @@ pub fn compare(
             ref64.out.len()
         ));
     }
+    // NaN stored only at excluded positions may or may not reach a row
+    // (SEMANTICS §6): such a row is accepted as NaN, never as wrong numbers.
+    let nan_open = case.params.numbers == Numbers::NanExcluded;
     for b in 0..s.batch {
         for h in 0..s.q_heads {
             for i in 0..s.q_len {
@@ -83,6 +86,25 @@ pub fn compare(
                 let row = |x: &RefResult| x.out[o0..o0 + dv].to_vec();
                 let (g, want) = (row(got), row(ref64));
                 let where_ = || format!("batch {b} head {h} row {i}");
+                let got_lse_nan = !got.lse.is_empty() && got.lse[r].is_nan();
+                if nan_open && (g.iter().any(|x| x.is_nan()) || got_lse_nan) {
+                    continue;
+                }
+                if want.iter().all(|x| x.is_finite())
+                    && ref64.lse[r] != f64::INFINITY
+                    && !ref64.lse[r].is_nan()
+                {
+                    let lse_bad =
+                        !got.lse.is_empty() && (got.lse[r].is_nan() || got.lse[r] == f64::INFINITY);
+                    if g.iter().any(|x| !x.is_finite()) || lse_bad {
+                        return Err(format!(
+                            "{}: the reference is finite but the result is not: {:?}, lse {:?}",
+                            where_(),
+                            &g[..g.len().min(4)],
+                            got.lse.get(r)
+                        ));
+                    }
+                }
                 if ref64.lse[r] == f64::NEG_INFINITY {
                     if g.iter().any(|&x| x != 0.0) {
                         return Err(format!(

@@ -6,12 +6,16 @@
 //! V's, q_len != kv_len, GQA ratios 1..=4, every mask kind with windows of 0
 //! and 1, both alignments, per-sequence lengths that empty whole rows,
 //! bias, boolean masks, ALiBi, softcap, sinks, large logits, offsets and
-//! both layouts, in f32, f16 and bf16. The reference costs
+//! both layouts, in f32, f16 and bf16. Adversarial data comes in about one
+//! case in four ([`Numbers`]): scores near f32 overflow, subnormal inputs,
+//! NaN in visible and in excluded positions; bias tensors carry whole rows
+//! of `-inf`, windows reach `usize::MAX`, per-sequence lengths reach 0
+//! and head dimensions reach 320. The reference costs
 //! `O(q_len * kv_len * dim)` per head, so long sequences come with small
 //! head dims and large head dims with short sequences: every combination
 //! is still reached.
 
-use crate::case::{mask_kinds, Bcast, CaseParams};
+use crate::case::{mask_kinds, Bcast, CaseParams, Numbers};
 use attn_spec::{Alignment, AttnOptions, DType, Shape};
 use proptest::prelude::*;
 
@@ -43,6 +47,7 @@ fn sizes() -> impl Strategy<Value = (usize, usize, usize, usize)> {
     // (q_len, kv_len, head_dim_qk, head_dim_v)
     prop_oneof![
         (seq_len(48), seq_len(48), head_dim(256), head_dim(256)),
+        (seq_len(16), seq_len(16), 250..=320usize, 250..=320usize),
         (seq_len(300), seq_len(300), head_dim(24), head_dim(24)),
         (seq_len(300), seq_len(300), head_dim(24), head_dim(24))
             .prop_map(|(q, k, d, _)| (q, k, d, d)),
@@ -55,6 +60,17 @@ fn bcast() -> impl Strategy<Value = Bcast> {
         per_batch,
         per_head,
     })
+}
+
+/// Which adversarial numbers a case carries: plain data in 3 cases of 4.
+pub fn numbers() -> impl Strategy<Value = Numbers> {
+    prop_oneof![
+        12 => Just(Numbers::Plain),
+        1 => Just(Numbers::NearOverflow),
+        1 => Just(Numbers::Subnormal),
+        1 => Just(Numbers::NanVisible),
+        1 => Just(Numbers::NanExcluded),
+    ]
 }
 
 /// The dtypes every backend is checked in.
@@ -96,6 +112,7 @@ pub fn case_params() -> impl Strategy<Value = CaseParams> {
         proptest::option::weighted(0.2, bcast()),
         proptest::option::weighted(0.2, (bcast(), 0.0f64..=1.0)),
         proptest::bool::weighted(0.15),
+        numbers(),
     );
     (
         shape,
@@ -120,6 +137,7 @@ pub fn case_params() -> impl Strategy<Value = CaseParams> {
                 bias: fl.4,
                 bool_mask: fl.5,
                 large_logits: fl.6,
+                numbers: fl.7,
                 seed,
             },
         )

@@ -31,7 +31,10 @@
 //!   relative to `max|v|` (the output is a convex combination of values).
 //!
 //! So `A_out = max|v| * (exp(2 Delta) - 1 + 2 EXP_REL_ERR + 2 gamma(n+2) +
-//! u_in + u_out)`, and for the log-sum-exp (a smooth maximum, stored as f32)
+//! u_in + u_out + n eta_in) + (2n + 2) eta + eta_out`, where the `eta`
+//! terms are underflow's absolute errors (half the smallest subnormal of
+//! f32, of the probabilities' type and of the output type: they matter
+//! only for subnormal data), and for the log-sum-exp (a smooth maximum, stored as f32)
 //! `A_lse = Delta + 2 EXP_REL_ERR + gamma(n + 2) + u_f32 * |lse|`. The test
 //! `low_precision_reference_meets_the_a_priori_bound` checks that the f32
 //! reference itself stays within `A`, over hundreds of generated cases: the
@@ -68,6 +71,27 @@ pub struct Arith {
     pub u_out: f64,
     /// Unit roundoff of the stored log-sum-exp (0: not rounded).
     pub u_lse: f64,
+    /// Absolute error of one underflowing product in the arithmetic: half
+    /// its smallest subnormal (Higham's model `fl(x y) = x y (1 + d) + e`,
+    /// `|e| <= eta`), which the relative terms above do not cover.
+    pub eta: f64,
+    /// The same for probabilities rounded to the input type (0: not
+    /// rounded), relative to `max|v|`.
+    pub eta_in: f64,
+    /// Half the smallest subnormal of the stored output type (0: not
+    /// rounded).
+    pub eta_out: f64,
+}
+
+/// Half the smallest positive subnormal of `dtype`.
+fn half_subnormal(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-25),
+        DType::Bf16 => 2f64.powi(-134),
+        // 2^-1075 is not an f64; the smallest subnormal bounds it.
+        DType::F64 => 2f64.powi(-1074),
+        _ => 2f64.powi(-150),
+    }
 }
 
 impl Arith {
@@ -84,6 +108,12 @@ impl Arith {
             },
             u_out: dtype.unit_roundoff(),
             u_lse: U32,
+            eta: half_subnormal(DType::F32),
+            eta_in: match dtype {
+                DType::F16 | DType::Bf16 => half_subnormal(dtype),
+                _ => 0.0,
+            },
+            eta_out: half_subnormal(dtype),
         }
     }
 
@@ -98,6 +128,9 @@ impl Arith {
             u_in: 0.0,
             u_out: 0.0,
             u_lse: 0.0,
+            eta: half_subnormal(DType::F64),
+            eta_in: 0.0,
+            eta_out: 0.0,
         }
     }
 
@@ -123,7 +156,7 @@ pub fn pair_magnitude(
         let k = case.k.get(p.k.index([b, j, g, d]));
         dot += (q * k).abs();
     }
-    let mut t = f64::from(p.scale()).abs() * dot;
+    let mut t = p.scale_exact().abs() * dot;
     if let Some(sl) = &p.options.alibi_slopes {
         t += (f64::from(sl[h]) * (j as f64 - m.diagonal(i) as f64)).abs();
     }
@@ -163,12 +196,19 @@ pub fn row_floors_in(case: &Case, lse64: &[f64], a: Arith) -> Vec<RowFloor> {
                     }
                 }
                 let delta = a.gamma(s.head_dim_qk + 6) * mag;
+                // Underflow: each of the n products p v, each of up to n
+                // rescalings of the accumulator and the final division
+                // may lose eta; so may each probability rounded to the
+                // input type (times |v|), and the stored output.
                 let out = vmax
                     * ((2.0 * delta).exp_m1()
                         + 2.0 * a.exp_err
                         + 2.0 * a.gamma(n + 2)
                         + a.u_in
-                        + a.u_out);
+                        + a.u_out
+                        + n as f64 * a.eta_in)
+                    + (2 * n + 2) as f64 * a.eta
+                    + a.eta_out;
                 let l = lse64[(b * s.q_heads + h) * s.q_len + i];
                 let lse = delta
                     + 2.0 * a.exp_err

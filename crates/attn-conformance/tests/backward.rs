@@ -51,6 +51,7 @@ fn small_f64() -> impl Strategy<Value = CaseParams> {
         p.shape = shape;
         p.dtype = DType::F64;
         p.large_logits = false;
+        p.numbers = attn_conformance::case::Numbers::Plain;
         p
     })
 }
