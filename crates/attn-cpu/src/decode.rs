@@ -59,11 +59,7 @@ impl DecodeState {
         let p = ctx.p;
         let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
         assert!(item.rows() <= DECODE_ROWS);
-        let scale = if p.options.softcap.is_some() {
-            p.scale()
-        } else {
-            p.scale() * LOG2_E
-        };
+        let scale = ctx.q_scale();
         let qs = dk.div_ceil(LANES) * LANES;
         let mut qd = vec![0.0; DECODE_ROWS * qs];
         for r in 0..item.rows() {
@@ -352,6 +348,9 @@ fn transform_row<T>(ctx: &Ctx<'_, T>, item: &Item, r: usize, j0: usize, s: &mut 
     for (j, x) in s.iter_mut().enumerate() {
         let jg = j0 + j;
         let mut t = *x;
+        if let Some(c) = ctx.post_scale {
+            t *= c;
+        }
         if let Some(cap) = o.softcap {
             t = cap * (t / cap).tanh() * LOG2_E;
         }

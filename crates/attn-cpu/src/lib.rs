@@ -176,14 +176,12 @@ fn forward_typed<T: CpuElement>(
         (Some(HostData::Bool(m)), Some(v)) => Some((m.as_slice(), *v)),
         _ => None,
     };
-    let ctx = Ctx {
-        p,
-        q: typed::<T>(inputs.q, "q")?,
-        k: typed::<T>(inputs.k, "k")?,
-        v: typed::<T>(inputs.v, "v")?,
-        bias: inputs.bias.zip(p.bias.map(|d| d.view)),
-        mask,
-    };
+    let qkv = (
+        typed::<T>(inputs.q, "q")?,
+        typed::<T>(inputs.k, "k")?,
+        typed::<T>(inputs.v, "v")?,
+    );
+    let ctx = Ctx::new(p, qkv, inputs.bias.zip(p.bias.map(|d| d.view)), mask);
     let got = out.dtype();
     let out = T::host_mut(out).ok_or(AttnError::DType {
         tensor: "out",
@@ -244,14 +242,8 @@ impl Cpu {
             _ => None,
         };
         self.install(par, || {
-            let ctx = Ctx {
-                p: problem,
-                q,
-                k,
-                v,
-                bias: bias.zip(problem.bias.map(|d| d.view)),
-                mask,
-            };
+            let bias = bias.zip(problem.bias.map(|d| d.view));
+            let ctx = Ctx::new(problem, (q, k, v), bias, mask);
             schedule::run_all(&ctx, &schedule::Sink::new(out, lse), par, isa);
         });
         Ok(())

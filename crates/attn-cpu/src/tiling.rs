@@ -52,26 +52,67 @@ pub struct Ctx<'a, T> {
     pub bias: Option<(&'a HostData, View)>,
     /// Boolean mask and its view.
     pub mask: Option<(&'a [bool], View)>,
+    /// `Some(c)` when Q times its pack multiplier `c` would overflow f32
+    /// (a query element beyond `f32::MAX / |c|`, possible only when `|c| >
+    /// 1`): Q is then packed unscaled and every score multiplied by `c`
+    /// instead, so a finite score never passes through an infinite query.
+    pub post_scale: Option<f32>,
+}
+
+impl<'a, T: attn_spec::Element> Ctx<'a, T> {
+    /// The context of a call; decides [`Ctx::post_scale`] (a scan of Q only
+    /// when the multiplier exceeds 1).
+    pub fn new(
+        p: &'a Problem,
+        (q, k, v): (&'a [T], &'a [T], &'a [T]),
+        bias: Option<(&'a HostData, View)>,
+        mask: Option<(&'a [bool], View)>,
+    ) -> Self {
+        let c = multiplier(p);
+        let limit = f32::MAX / c.abs();
+        let post_scale = (c.abs() > 1.0 && q.iter().any(|x| x.to_f32().abs() > limit)).then_some(c);
+        Ctx {
+            p,
+            q,
+            k,
+            v,
+            bias,
+            mask,
+            post_scale,
+        }
+    }
+}
+
+/// What Q is multiplied by so that `q . k` comes out in the units the
+/// softmax runs in: the scale, and log2(e) too unless a soft-cap must first
+/// see natural units.
+pub fn multiplier(p: &Problem) -> f32 {
+    let s = p.scale();
+    if p.options.softcap.is_some() {
+        s
+    } else {
+        s * LOG2_E
+    }
 }
 
 impl<T> Ctx<'_, T> {
     /// Whether scores need per-element work beyond the causal/window mask.
     pub fn per_element(&self) -> bool {
         let o = &self.p.options;
-        o.softcap.is_some()
+        self.post_scale.is_some()
+            || o.softcap.is_some()
             || o.alibi_slopes.is_some()
             || self.bias.is_some()
             || self.mask.is_some()
     }
 
-    /// Multiplier of Q when packed: the scale, and log2(e) too unless a
-    /// soft-cap must first see natural units.
-    fn q_scale(&self) -> f32 {
-        let s = self.p.scale();
-        if self.p.options.softcap.is_some() {
-            s
+    /// Multiplier of Q when packed: [`multiplier`], or 1 when that would
+    /// overflow (see [`Ctx::post_scale`]).
+    pub fn q_scale(&self) -> f32 {
+        if self.post_scale.is_some() {
+            1.0
         } else {
-            s * LOG2_E
+            multiplier(self.p)
         }
     }
 }
@@ -474,6 +515,9 @@ fn transform<V: Vector, T, const NV: usize>(
             let at = j * w + v * LANES;
             // SAFETY: j < n and the assert above: 16 floats at `at`.
             let mut t = unsafe { load::<V>(st.as_ptr().add(at)) };
+            if let Some(c) = ctx.post_scale {
+                t *= V::splat(c);
+            }
             if let Some(c) = cap {
                 let c = V::splat(c);
                 t = c * tanh(t / c) * V::splat(LOG2_E);
