@@ -83,8 +83,10 @@ pub struct Arith {
     pub eta_out: f64,
 }
 
-/// Half the smallest positive subnormal of `dtype`.
-fn half_subnormal(dtype: DType) -> f64 {
+/// Half the smallest positive subnormal of `dtype` (f16: 2^-24 / 2;
+/// bf16, with f32's exponent range and 7 fraction bits: 2^-133 / 2; f32:
+/// 2^-149 / 2).
+pub fn half_subnormal(dtype: DType) -> f64 {
     match dtype {
         DType::F16 => 2f64.powi(-25),
         DType::Bf16 => 2f64.powi(-134),
@@ -200,13 +202,15 @@ pub fn row_floors_in(case: &Case, lse64: &[f64], a: Arith) -> Vec<RowFloor> {
                 // rescalings of the accumulator and the final division
                 // may lose eta; so may each probability rounded to the
                 // input type (times |v|), and the stored output.
-                let out = vmax
-                    * ((2.0 * delta).exp_m1()
-                        + 2.0 * a.exp_err
-                        + 2.0 * a.gamma(n + 2)
-                        + a.u_in
-                        + a.u_out
-                        + n as f64 * a.eta_in)
+                // (All-zero values: the output is exactly 0 whatever the
+                // scores, and 0 * inf must not make the floor NaN.)
+                let rel = (2.0 * delta).exp_m1()
+                    + 2.0 * a.exp_err
+                    + 2.0 * a.gamma(n + 2)
+                    + a.u_in
+                    + a.u_out
+                    + n as f64 * a.eta_in;
+                let out = if vmax == 0.0 { 0.0 } else { vmax * rel }
                     + (2 * n + 2) as f64 * a.eta
                     + a.eta_out;
                 let l = lse64[(b * s.q_heads + h) * s.q_len + i];

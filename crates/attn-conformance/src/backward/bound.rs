@@ -30,7 +30,13 @@
 //! - `Ddsc = DdS (|g| + Dg) + |dS| Dg + u (|dsc| + Ddsc')`;
 //! - a sum of `n` products: the errors of its terms plus `gamma(n + 2)`
 //!   times the sum of the terms' upper bounds, then the final rounding to
-//!   the gradient's type: `u_o |value| + sub_o`.
+//!   the gradient's type: `u_o |value| + sub_o`;
+//! - underflow (subnormal data): each f32 product may lose `eta = 2^-150`
+//!   absolutely (Higham's model), which relative terms do not cover: `d_v
+//!   eta` more in `DdP` and `DD`, `2 eta` in `DdS`, `eta` in `Ddsc`, and
+//!   `4 eta` per term of a sum; a value rounded to a 16-bit input type
+//!   (`P`, `dS`) loses up to half that type's smallest subnormal besides
+//!   `u_in` relative.
 //!
 //! The bound is 0 exactly where the gradient is 0 by structure (a key no
 //! row sees, a fully masked row), so there a backend must give exactly 0.
@@ -42,20 +48,18 @@ use attn_spec::{DType, HostData};
 
 const U: f64 = f32::EPSILON as f64 / 2.0;
 
+/// Absolute error of one underflowing f32 product (half the smallest
+/// subnormal).
+const ETA: f64 = 1.0 / (1u128 << 127) as f64 / (1u64 << 23) as f64;
+
 fn gamma(n: usize) -> f64 {
     let nu = n as f64 * U;
     nu / (1.0 - nu)
 }
 
 /// Half the smallest subnormal of `dtype`: the absolute error of rounding
-/// a tiny value into it.
-pub fn sub_half(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => 2f64.powi(-25),
-        DType::Bf16 | DType::F32 => 2f64.powi(-150),
-        _ => 0.0,
-    }
-}
+/// a tiny value into it (one definition, [`crate::tolerance`]'s).
+pub use crate::tolerance::half_subnormal as sub_half;
 
 /// Per-element bounds, in the layout of [`RefGrads`].
 pub type Bounds = RefGrads;
@@ -71,7 +75,7 @@ struct Acc {
 
 impl Acc {
     fn add(&mut self, value: f64, err: f64) {
-        self.err += err;
+        self.err += err + 4.0 * ETA;
         self.mag += value.abs() + err;
         self.n += 1;
     }
@@ -112,6 +116,9 @@ pub fn bounds_given(
         DType::F16 | DType::Bf16 => dt.unit_roundoff(),
         _ => 0.0,
     };
+    // Rounding to a 16-bit input type loses, besides u_in relative, up
+    // to half its smallest subnormal absolutely.
+    let eta_in = if u_in > 0.0 { sub_half(dt) } else { 0.0 };
     let (dqk, dvd) = (s.head_dim_qk, s.head_dim_v);
     let scale = p.scale_exact();
     let o = &p.options;
@@ -159,13 +166,13 @@ pub fn bounds_given(
                 for (d, &gd) in d_o.iter().enumerate() {
                     let od = out.get(p.out.index([b, i, h, d]));
                     big_d += gd * od;
-                    dod += (gd * od).abs() * (gamma(dvd) + u_o) + gd.abs() * (sub_o + o_err);
+                    dod += (gd * od).abs() * (gamma(dvd) + u_o) + gd.abs() * (sub_o + o_err) + ETA;
                 }
                 let d_p_of = |x: f64| {
                     let a = (x - mx).exp() / z;
                     let err = move |dx: f64| {
                         let e = dx + U * lse.abs() + lse_err + gamma(3) * (x.abs() + lse.abs());
-                        a * (e.exp_m1() + EXP_REL_ERR + u_in) + 2f64.powi(-125)
+                        a * (e.exp_m1() + EXP_REL_ERR + u_in) + 2f64.powi(-125) + eta_in
                     };
                     (a, err)
                 };
@@ -178,12 +185,14 @@ pub fn bounds_given(
                         dpv += gd * v(j, d);
                         dpm += (gd * v(j, d)).abs();
                     }
-                    let ddp = gamma(dvd) * dpm;
+                    let ddp = gamma(dvd) * dpm + dvd as f64 * ETA;
                     let diff = (dpv - big_d).abs() + ddp + dod;
                     let ds = pj * (dpv - big_d);
                     let dds = dp_err_p * diff
                         + pj * (ddp + dod)
-                        + (gamma(2) + u_in) * (pj + dp_err_p) * diff;
+                        + (gamma(2) + u_in) * (pj + dp_err_p) * diff
+                        + eta_in
+                        + 2.0 * ETA;
                     let dg = match o.softcap {
                         Some(cap) => {
                             let cap = f64::from(cap);
@@ -198,7 +207,7 @@ pub fn bounds_given(
                         None => 0.0,
                     };
                     let dsc = ds * slope;
-                    let ddsc0 = dds * (slope.abs() + dg) + ds.abs() * dg;
+                    let ddsc0 = dds * (slope.abs() + dg) + ds.abs() * dg + ETA;
                     let ddsc = ddsc0 + U * (dsc.abs() + ddsc0);
                     for d in 0..dqk {
                         let qd = inputs.q.get(p.q.index([b, i, h, d]));
