@@ -8,9 +8,12 @@ mod check;
 mod cpu_check;
 mod cuda;
 mod downstream;
+mod fuzz;
 mod gpu_check;
 mod machine;
+mod memcheck;
 mod report;
+mod soak;
 mod torch;
 mod verify;
 
@@ -46,6 +49,16 @@ tasks:
            crate outside it (plain `cargo build --release`, as a user's build), time both on
            1 thread, fail when a case runs below --min (default 0.95) of the workspace's speed
            or the two run different SIMD levels (--rounds N, default 3)
+  fuzz     the differential fuzz target (fuzz/): every CPU-side backend against the f64
+           reference on decoded arbitrary bytes; libFuzzer with coverage and AddressSanitizer
+           on the nightly toolchain, growing fuzz/corpus/differential; without nightly (or
+           with --stable) the stable smoke driver (the corpus, then random inputs)
+           --minutes N | --seconds N   how long (default 60 s)
+  soak     the proptest conformance suites in rounds with fresh seeds and more cases
+           (--scale N times the usual, default 8) until --minutes N (default 10) pass;
+           a failing round prints the PROPTEST_RNG_SEED that reproduces it
+  memcheck attn-cpu's and attn-candle's test binaries under valgrind memcheck
+           (AVX2 and portable levels; proptest cases scaled by --scale, default 0.05)
   peak     measure and print the FMA peak and memory bandwidth only
   verify   run the conformance suite on every backend available on this machine
            --cases N          generated cases per backend (default 256)";
@@ -59,6 +72,9 @@ fn main() -> ExitCode {
         Some("cpu-check") => cpu_check::run(),
         Some("downstream") => downstream::run(rest),
         Some("verify") => verify::run(rest),
+        Some("fuzz") => fuzz::run(rest),
+        Some("soak") => soak::run(rest),
+        Some("memcheck") => memcheck::run(rest),
         Some("test") => test(rest),
         Some("cuda-setup") => cuda::setup().map(|v| println!("cuda-setup: {}", v.display())),
         Some("cuda-check") => cuda::check(rest),
@@ -102,8 +118,12 @@ fn test(args: &[String]) -> Result<(), String> {
     for isa in attn_cpu::Isa::ALL.into_iter().filter(|&l| l < best) {
         println!("== attn-cpu conformance on SIMD level {isa} (ATTN_CPU_ISA={isa})");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        // `--workspace` keeps the features the run above resolved, so the
+        // test binaries it built are reused (`-p attn-cpu` alone resolves
+        // dependency features anew and rebuilds for minutes); attn-candle's
+        // fused engine, which runs attn-cpu, meets the level too.
         let st = std::process::Command::new(cargo)
-            .args(["test", "-p", "attn-cpu", "--test", "conformance"])
+            .args(["test", "--workspace", "--test", "conformance"])
             .env("ATTN_CPU_ISA", isa.name())
             .current_dir(root())
             .status()

@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor};
 use proptest::prelude::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_conformance::cases(256), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn fused_engine_passes_the_suite(params in case_params()) {
@@ -147,7 +147,7 @@ fn candle_tensor(d: &attn_spec::HostData, dims: [usize; 4]) -> Tensor {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_conformance::cases(64), failure_persistence: None, ..ProptestConfig::default() })]
 
     /// The one-call API with bias and boolean mask tensors (broadcast or
     /// not, every option the suite draws) against the f64 reference, on

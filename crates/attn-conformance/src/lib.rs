@@ -14,6 +14,7 @@ pub mod case;
 pub mod check;
 pub mod contract;
 pub mod errors;
+pub mod fuzz;
 pub mod hand;
 pub mod rng;
 pub mod strategy;
@@ -26,6 +27,19 @@ pub use strategy::case_params;
 use attn_spec::Backend;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::cell::Cell;
+
+/// `n` generated cases scaled by `$ATTN_CASES_SCALE` (a positive number,
+/// default 1), at least 1: `cargo xtask soak` raises it for long runs,
+/// `cargo xtask memcheck` lowers it under valgrind. The test files' proptest
+/// configurations take their case counts through it.
+pub fn cases(n: u32) -> u32 {
+    let scale = std::env::var("ATTN_CASES_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(1.0);
+    ((f64::from(n) * scale).round() as u32).max(1)
+}
 
 /// What [`run_suite`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]

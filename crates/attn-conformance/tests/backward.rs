@@ -82,7 +82,7 @@ fn f64_slot(d: &mut HostData, i: usize) -> &mut f64 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_conformance::cases(96), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn reference_gradients_match_finite_differences(params in small_f64()) {

@@ -16,7 +16,7 @@ use attn_spec::{
 use proptest::prelude::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_conformance::cases(256), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn reference_passes_the_suite(params in case_params()) {

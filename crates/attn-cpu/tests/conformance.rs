@@ -8,7 +8,7 @@ use attn_spec::{AttnOptions, Backend, DType, Inputs, Shape};
 use proptest::prelude::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: attn_conformance::cases(512), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn cpu_passes_the_suite(params in case_params()) {

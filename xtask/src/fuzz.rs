@@ -1,0 +1,136 @@
+//! `cargo xtask fuzz`: the differential fuzz target (`fuzz/`) under
+//! libFuzzer, coverage-guided, with AddressSanitizer, on a nightly
+//! toolchain (built the way cargo-fuzz builds it, without needing
+//! cargo-fuzz installed); `--stable`, or any machine without nightly, runs
+//! the same check from the stable `smoke` binary (the committed corpus,
+//! then random inputs, no coverage guidance).
+
+use crate::root;
+use std::path::Path;
+use std::process::Command;
+
+const TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Runs the fuzzer for the asked time.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let mut seconds = 60u64;
+    let mut stable = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut num = |what: &str| -> Result<u64, String> {
+            it.next()
+                .and_then(|n| n.parse().ok())
+                .ok_or(format!("{what} needs a number"))
+        };
+        match a.as_str() {
+            "--minutes" => seconds = num("--minutes")? * 60,
+            "--seconds" => seconds = num("--seconds")?,
+            "--stable" => stable = true,
+            other => return Err(format!("fuzz: unknown option {other}")),
+        }
+    }
+    let root = root();
+    let corpus = root.join("fuzz/corpus/differential");
+    let nightly = Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if stable || !nightly || !cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+        if !stable {
+            println!("fuzz: no nightly toolchain (rustup run nightly): the stable smoke instead");
+        }
+        return smoke(&root, &corpus, seconds);
+    }
+    libfuzzer(&root, &corpus, seconds)
+}
+
+/// The stable driver, built in the test profile (what `cargo xtask test`
+/// has already built).
+fn smoke(root: &Path, corpus: &Path, seconds: u64) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = Command::new(cargo)
+        .args([
+            "run",
+            "--profile",
+            "test",
+            "-p",
+            "attn-fuzz",
+            "--bin",
+            "smoke",
+            "--",
+        ])
+        .args(["--seconds", &seconds.to_string()])
+        .arg(corpus)
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("cargo run smoke: {e}"))?;
+    st.success()
+        .then_some(())
+        .ok_or("fuzz smoke failed (the input is under fuzz/artifacts)".into())
+}
+
+/// The libFuzzer target, built with nightly and sanitizer-coverage flags
+/// into its own target directory, run for `seconds` on the committed
+/// corpus (new inputs that reach new coverage are added to it).
+fn libfuzzer(root: &Path, corpus: &Path, seconds: u64) -> Result<(), String> {
+    let target_dir = crate::target_dir().join("fuzz");
+    let flags = [
+        "-Cpasses=sancov-module",
+        "-Cllvm-args=-sanitizer-coverage-level=4",
+        "-Cllvm-args=-sanitizer-coverage-inline-8bit-counters",
+        "-Cllvm-args=-sanitizer-coverage-pc-table",
+        "-Cllvm-args=-sanitizer-coverage-trace-compares",
+        "--cfg=fuzzing",
+        "-Cdebug-assertions",
+        "-Coverflow-checks",
+        "-Zsanitizer=address",
+        "-Cforce-frame-pointers",
+    ]
+    .join(" ");
+    println!("fuzz: building the libFuzzer target (nightly, ASan, coverage) ...");
+    let st = Command::new("rustup")
+        .args(["run", "nightly", "cargo", "build", "--release"])
+        .args([
+            "-p",
+            "attn-fuzz",
+            "--features",
+            "libfuzzer",
+            "--bin",
+            "differential",
+        ])
+        .args(["--target", TARGET])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env("RUSTFLAGS", flags)
+        .env_remove("CARGO")
+        .env_remove("RUSTC")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("rustup run nightly cargo build: {e}"))?;
+    if !st.success() {
+        return Err("building the fuzz target failed".into());
+    }
+    let bin = target_dir.join(TARGET).join("release/differential");
+    let artifacts = root.join("fuzz/artifacts");
+    std::fs::create_dir_all(&artifacts).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(corpus).map_err(|e| e.to_string())?;
+    println!("fuzz: running for {seconds} s on {}", corpus.display());
+    let st = Command::new(&bin)
+        .arg(format!("-max_total_time={seconds}"))
+        .arg("-max_len=2048")
+        .arg("-rss_limit_mb=4096")
+        .arg("-timeout=60")
+        .arg("-print_final_stats=1")
+        .arg(format!("-artifact_prefix={}/", artifacts.display()))
+        .arg(corpus)
+        // One rayon pool for the whole process; ASan's leak check at exit
+        // would report the thread pools' allocations, which live on purpose.
+        .env("ASAN_OPTIONS", "detect_leaks=0")
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
+    st.success()
+        .then_some(())
+        .ok_or("the fuzzer found a failing input (under fuzz/artifacts)".into())
+}

@@ -1,0 +1,94 @@
+//! `cargo xtask memcheck`: attn-cpu's test binaries (the SIMD kernels, the
+//! packing, the thread pool) and attn-candle's (candle's
+//! op reading tensors in place) under valgrind's memcheck, on every SIMD
+//! level valgrind runs (it executes no AVX-512 and hides it from CPUID, so
+//! the AVX2 and portable kernels are what it sees), with proptest case
+//! counts scaled down (`ATTN_CASES_SCALE`, default 0.05). Any invalid read
+//! or write, use of uninitialised memory or definite leak fails.
+
+use crate::root;
+use std::process::Command;
+
+/// Builds the test binaries and runs each under memcheck.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let mut scale = "0.05".to_string();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--scale" => scale = it.next().ok_or("--scale needs a number")?.clone(),
+            other => return Err(format!("memcheck: unknown option {other}")),
+        }
+    }
+    let ok = Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        return Err("memcheck needs valgrind (Debian: apt-get install valgrind)".into());
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args([
+            "test",
+            "--profile",
+            "test",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .args(["-p", "attn-cpu", "-p", "attn-candle"])
+        .current_dir(root())
+        .output()
+        .map_err(|e| format!("cargo test --no-run: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "building the test binaries failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let mut exes = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if let Some(exe) = msg.get("executable").and_then(|e| e.as_str()) {
+            exes.push(exe.to_string());
+        }
+    }
+    if exes.is_empty() {
+        return Err("no test executables found".into());
+    }
+    for isa in ["avx2", "portable"] {
+        for exe in &exes {
+            let name = std::path::Path::new(exe)
+                .file_name()
+                .map_or(exe.as_str(), |n| n.to_str().unwrap_or(exe));
+            println!("== memcheck {name} (ATTN_CPU_ISA={isa}, ATTN_CASES_SCALE={scale})");
+            let st = Command::new("valgrind")
+                .args([
+                    "--tool=memcheck",
+                    "--error-exitcode=99",
+                    "--leak-check=full",
+                    "--errors-for-leak-kinds=definite",
+                    "--show-leak-kinds=definite",
+                    "-q",
+                ])
+                .arg(exe)
+                .args(["--test-threads=2"])
+                .env("ATTN_CPU_ISA", isa)
+                .env("ATTN_CASES_SCALE", &scale)
+                .current_dir(root())
+                .status()
+                .map_err(|e| format!("valgrind: {e}"))?;
+            if !st.success() {
+                return Err(format!(
+                    "memcheck failed on {name} (ATTN_CPU_ISA={isa}): exit status {st}"
+                ));
+            }
+        }
+    }
+    println!(
+        "memcheck: {} binaries clean on avx2 and portable",
+        exes.len()
+    );
+    Ok(())
+}
