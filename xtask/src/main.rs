@@ -58,7 +58,8 @@ tasks:
            (--scale N times the usual, default 8) until --minutes N (default 10) pass;
            a failing round prints the PROPTEST_RNG_SEED that reproduces it
   memcheck attn-cpu's and attn-candle's test binaries under valgrind memcheck
-           (AVX2 and portable levels; proptest cases scaled by --scale, default 0.05)
+           (AVX2 and portable levels; proptest cases scaled by --scale, default 0.05;
+           --all also runs the large-shape tests it skips by default)
   peak     measure and print the FMA peak and memory bandwidth only
   verify   run the conformance suite on every backend available on this machine
            --cases N          generated cases per backend (default 256)";

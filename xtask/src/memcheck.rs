@@ -5,17 +5,36 @@
 //! the AVX2 and portable kernels are what it sees), with proptest case
 //! counts scaled down (`ATTN_CASES_SCALE`, default 0.05). Any invalid read
 //! or write, use of uninitialised memory or definite leak fails.
+//!
+//! Tests that repeat the suite's code paths on large shapes (thousands of
+//! keys, whole training runs: minutes natively become hours under
+//! valgrind's ~50x) are skipped unless `--all` is given: [`SLOW`].
 
 use crate::root;
 use std::process::Command;
 
+/// Tests skipped without `--all`: the thread-count invariance tests and the
+/// paired-block test (long key spans), the split-KV decode cases (thousands
+/// of keys), the 2^24-key hand case's home tests, and the training run.
+const SLOW: [&str; 7] = [
+    "paired_blocks_pass",
+    "results_do_not_depend_on_the_thread_count",
+    "gradients_do_not_depend_on_the_thread_count",
+    "split_kv_decoding_passes",
+    "split_kv_decode_cases_on_both_engines",
+    "hand_computed_cases_on_both_engines",
+    "a_few_steps_lower_the_loss",
+];
+
 /// Builds the test binaries and runs each under memcheck.
 pub fn run(args: &[String]) -> Result<(), String> {
     let mut scale = "0.05".to_string();
+    let mut all = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--scale" => scale = it.next().ok_or("--scale needs a number")?.clone(),
+            "--all" => all = true,
             other => return Err(format!("memcheck: unknown option {other}")),
         }
     }
@@ -50,8 +69,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
+        // Test harnesses only (examples are built too, and are programs).
+        let harness = msg.pointer("/profile/test").and_then(|t| t.as_bool()) == Some(true);
         if let Some(exe) = msg.get("executable").and_then(|e| e.as_str()) {
-            exes.push(exe.to_string());
+            if harness {
+                exes.push(exe.to_string());
+            }
         }
     }
     if exes.is_empty() {
@@ -74,6 +97,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 ])
                 .arg(exe)
                 .args(["--test-threads=2"])
+                .args(
+                    if all { &[][..] } else { &SLOW[..] }
+                        .iter()
+                        .flat_map(|t| ["--skip", t]),
+                )
                 .env("ATTN_CPU_ISA", isa)
                 .env("ATTN_CASES_SCALE", &scale)
                 .current_dir(root())
