@@ -2,8 +2,8 @@
 //! libFuzzer, coverage-guided, with AddressSanitizer, on a nightly
 //! toolchain (built the way cargo-fuzz builds it, without needing
 //! cargo-fuzz installed); `--stable`, or any machine without nightly, runs
-//! the same check from the stable `smoke` binary (the committed corpus,
-//! then random inputs, no coverage guidance).
+//! the same check from the stable `smoke` binary on random inputs (no
+//! coverage guidance; `cargo test` replays the committed corpus).
 
 use crate::root;
 use std::path::Path;
@@ -39,31 +39,39 @@ pub fn run(args: &[String]) -> Result<(), String> {
         if !stable {
             println!("fuzz: no nightly toolchain (rustup run nightly): the stable smoke instead");
         }
-        return smoke(&root, &corpus, seconds);
+        return smoke(&root, seconds);
     }
     libfuzzer(&root, &corpus, seconds)
 }
 
-/// The stable driver, built in the test profile (what `cargo xtask test`
-/// has already built).
-fn smoke(root: &Path, corpus: &Path, seconds: u64) -> Result<(), String> {
+/// The stable driver, built in the test profile with the workspace's
+/// feature resolution (`--workspace`: what `cargo xtask test` has built, so
+/// nothing is rebuilt; `-p attn-fuzz` alone would resolve features anew).
+fn smoke(root: &Path, seconds: u64) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = Command::new(cargo)
         .args([
-            "run",
+            "build",
             "--profile",
             "test",
-            "-p",
-            "attn-fuzz",
+            "--workspace",
             "--bin",
             "smoke",
-            "--",
         ])
-        .args(["--seconds", &seconds.to_string()])
-        .arg(corpus)
         .current_dir(root)
         .status()
-        .map_err(|e| format!("cargo run smoke: {e}"))?;
+        .map_err(|e| format!("cargo build smoke: {e}"))?;
+    if !st.success() {
+        return Err("building the fuzz smoke driver failed".into());
+    }
+    // Random inputs only: `cargo test` replays the corpus
+    // (`fuzz/tests/corpus.rs`).
+    let bin = crate::target_dir().join("debug/smoke");
+    let st = Command::new(&bin)
+        .args(["--seconds", &seconds.to_string()])
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
     st.success()
         .then_some(())
         .ok_or("fuzz smoke failed (the input is under fuzz/artifacts)".into())

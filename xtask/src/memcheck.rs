@@ -54,7 +54,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--no-run",
             "--message-format=json",
         ])
-        .args(["-p", "attn-cpu", "-p", "attn-candle"])
+        .arg("--workspace")
         .current_dir(root())
         .output()
         .map_err(|e| format!("cargo test --no-run: {e}"))?;
@@ -71,8 +71,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
         };
         // Test harnesses only (examples are built too, and are programs).
         let harness = msg.pointer("/profile/test").and_then(|t| t.as_bool()) == Some(true);
+        // attn-cpu's and attn-candle's (built with the workspace's feature
+        // resolution, so `cargo xtask test`'s build is reused).
+        let ours = msg
+            .get("package_id")
+            .and_then(|p| p.as_str())
+            .is_some_and(|p| p.contains("/crates/attn-cpu#") || p.contains("/crates/attn-candle#"));
         if let Some(exe) = msg.get("executable").and_then(|e| e.as_str()) {
-            if harness {
+            if harness && ours {
                 exes.push(exe.to_string());
             }
         }

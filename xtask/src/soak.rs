@@ -9,15 +9,6 @@ use crate::root;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// The test binaries the soak runs: `(package, test target)`.
-const SUITES: [(&str, &str); 5] = [
-    ("attn-cpu", "conformance"),
-    ("attn-cpu", "backward"),
-    ("attn-candle", "conformance"),
-    ("attn-conformance", "reference"),
-    ("attn-conformance", "backward"),
-];
-
 /// Runs rounds until `--minutes N` (default 10) have passed.
 pub fn run(args: &[String]) -> Result<(), String> {
     let mut minutes = 10u64;
@@ -47,10 +38,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "== soak round {round}: PROPTEST_RNG_SEED={seed} ATTN_CASES_SCALE={scale} ({:.0} of {minutes} min)",
             start.elapsed().as_secs_f64() / 60.0
         );
+        // `--workspace` with the suites' test targets: the workspace's
+        // feature resolution, so `cargo xtask test`'s build is reused (the
+        // same targets of other members, attn-cuda's GPU suite that skips
+        // without a GPU, run too).
         let mut cmd = Command::new(&cargo);
-        cmd.args(["test", "--profile", "test"]);
-        for (pkg, test) in SUITES {
-            cmd.args(["-p", pkg, "--test", test]);
+        cmd.args(["test", "--profile", "test", "--workspace"]);
+        for test in ["conformance", "backward", "reference"] {
+            cmd.args(["--test", test]);
         }
         let st = cmd
             .env("PROPTEST_RNG_SEED", seed.to_string())
