@@ -44,34 +44,43 @@ pub fn run(args: &[String]) -> Result<(), String> {
     libfuzzer(&root, &corpus, seconds)
 }
 
-/// The stable driver, built in the test profile with the workspace's
-/// feature resolution (`--workspace`: what `cargo xtask test` has built, so
-/// nothing is rebuilt; `-p attn-fuzz` alone would resolve features anew).
+/// The stable driver as `cargo test --workspace` builds it (for the fuzz
+/// crate's integration test), so after `cargo xtask test` nothing is
+/// rebuilt: a `cargo build` would resolve features without the
+/// dev-dependencies and rebuild the dependency tree for minutes.
 fn smoke(root: &Path, seconds: u64) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(cargo)
-        .args([
-            "build",
-            "--profile",
-            "test",
-            "--workspace",
-            "--bin",
-            "smoke",
-        ])
+    let out = Command::new(cargo)
+        .args(["test", "--profile", "test", "--workspace", "--no-run"])
+        .arg("--message-format=json")
         .current_dir(root)
-        .status()
-        .map_err(|e| format!("cargo build smoke: {e}"))?;
-    if !st.success() {
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cargo test --no-run: {e}"))?;
+    if !out.status.success() {
         return Err("building the fuzz smoke driver failed".into());
     }
+    // The `smoke` program itself (not its unit-test harness).
+    let bin = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|m| {
+            m.pointer("/target/name").and_then(|n| n.as_str()) == Some("smoke")
+                && m.pointer("/profile/test").and_then(|t| t.as_bool()) == Some(false)
+        })
+        .and_then(|m| {
+            m.get("executable")
+                .and_then(|e| e.as_str())
+                .map(String::from)
+        })
+        .ok_or("cargo test --no-run built no `smoke` program")?;
     // Random inputs only: `cargo test` replays the corpus
     // (`fuzz/tests/corpus.rs`).
-    let bin = crate::target_dir().join("debug/smoke");
     let st = Command::new(&bin)
         .args(["--seconds", &seconds.to_string()])
         .current_dir(root)
         .status()
-        .map_err(|e| format!("{}: {e}", bin.display()))?;
+        .map_err(|e| format!("{bin}: {e}"))?;
     st.success()
         .then_some(())
         .ok_or("fuzz smoke failed (the input is under fuzz/artifacts)".into())
