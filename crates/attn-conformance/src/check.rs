@@ -175,6 +175,28 @@ fn within(err: f64, bound: f64) -> bool {
     err.partial_cmp(&bound).is_some_and(|o| o.is_le())
 }
 
+/// Uploads `case`'s tensors to `backend`, runs `forward` and downloads the
+/// output and the log-sum-exp (when returned).
+pub fn run_forward<B: Backend>(
+    backend: &B,
+    case: &Case,
+) -> Result<(HostData, Option<HostData>), AttnError> {
+    let up = |d: &HostData| backend.upload(d);
+    let (q, k, v) = (up(&case.q)?, up(&case.k)?, up(&case.v)?);
+    let bias = case.bias.as_ref().map(up).transpose()?;
+    let mask = case.mask.as_ref().map(up).transpose()?;
+    let inputs = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        bias: bias.as_ref(),
+        mask: mask.as_ref(),
+    };
+    let o = backend.forward(&case.problem, inputs)?;
+    let lse = o.lse.as_ref().map(|l| backend.download(l)).transpose()?;
+    Ok((backend.download(&o.out)?, lse))
+}
+
 /// Runs one case on `backend` and checks it against the reference.
 pub fn check_case<B: Backend>(backend: &B, case: &Case) -> Result<Outcome, String> {
     let ctx = |e: String| format!("{} on case [{}]: {e}", backend.name(), case.describe());
@@ -185,24 +207,7 @@ pub fn check_case<B: Backend>(backend: &B, case: &Case) -> Result<Outcome, Strin
         }) => return Ok(Outcome::Skipped(format!("{feature}: {reason}"))),
         Err(e) => return Err(ctx(format!("supports() failed: {e}"))),
     }
-    let run = || -> Result<(HostData, Option<HostData>), AttnError> {
-        let up = |d: &HostData| backend.upload(d);
-        let (q, k, v) = (up(&case.q)?, up(&case.k)?, up(&case.v)?);
-        let bias = case.bias.as_ref().map(up).transpose()?;
-        let mask = case.mask.as_ref().map(up).transpose()?;
-        let inputs = Inputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            bias: bias.as_ref(),
-            mask: mask.as_ref(),
-        };
-        let o = backend.forward(&case.problem, inputs)?;
-        let out = backend.download(&o.out)?;
-        let lse = o.lse.as_ref().map(|l| backend.download(l)).transpose()?;
-        Ok((out, lse))
-    };
-    let (out, lse) = run().map_err(|e| ctx(format!("forward failed: {e}")))?;
+    let (out, lse) = run_forward(backend, case).map_err(|e| ctx(format!("forward failed: {e}")))?;
     if out.dtype() != case.problem.dtype {
         return Err(ctx(format!(
             "output dtype {} but inputs are {}",

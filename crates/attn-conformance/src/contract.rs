@@ -4,7 +4,7 @@
 //! breaks.
 
 use crate::case::{Case, CaseParams};
-use crate::check::check_output;
+use crate::check::{check_output, run_forward};
 use attn_spec::{AttnOptions, Backend, DType, HostData, Inputs, Shape, View};
 
 /// A value no output of these cases can take (outputs are convex
@@ -122,14 +122,7 @@ pub fn long_sequences<B: Backend>(backend: &B) -> Result<(), String> {
             continue;
         }
         let fail = |e: String| format!("{}: long sequence, {q_len} rows: {e}", backend.name());
-        let run = || -> attn_spec::Result<(HostData, Option<HostData>)> {
-            let up = |d: &HostData| backend.upload(d);
-            let (q, k, v) = (up(&case.q)?, up(&case.k)?, up(&case.v)?);
-            let o = backend.forward(&case.problem, Inputs::new(&q, &k, &v))?;
-            let lse = o.lse.as_ref().map(|l| backend.download(l)).transpose()?;
-            Ok((backend.download(&o.out)?, lse))
-        };
-        let (out, lse) = run().map_err(|e| fail(e.to_string()))?;
+        let (out, lse) = run_forward(backend, &case).map_err(|e| fail(e.to_string()))?;
         check_output(&case, &out, lse.as_ref()).map_err(fail)?;
     }
     Ok(())

@@ -22,12 +22,12 @@
 //!   first two points only (where such values go is open in §6).
 
 use crate::case::{Bcast, Case, CaseParams};
-use crate::check::check_output;
+use crate::check::{check_output, run_forward};
 use crate::tolerance::pair_magnitude;
 use attn_spec::reference::Reference;
 use attn_spec::{
-    alibi_slopes, AttnError, AttnOptions, Backend, Backward, DType, HostData, Inputs, MaskKind,
-    Problem, Shape, TensorDesc, View,
+    alibi_slopes, AttnError, AttnOptions, Backend, Backward, DType, HostData, MaskKind, Problem,
+    Shape, TensorDesc, View,
 };
 
 /// The most `q_len * kv_len * (dqk + dv)` a decoded case has (per head).
@@ -429,24 +429,9 @@ pub fn check<B: Backend>(backend: &B, d: &Decoded) -> Result<(), String> {
     let p = &case.problem;
     let ctx = |e: String| format!("{}: {e}\ncase: {}", backend.name(), case.describe());
     let want = Reference.forward(p, case.inputs());
-    let run = || -> attn_spec::Result<(HostData, Option<HostData>)> {
-        backend.supports(p)?;
-        let up = |x: &HostData| backend.upload(x);
-        let (q, k, v) = (up(&case.q)?, up(&case.k)?, up(&case.v)?);
-        let bias = case.bias.as_ref().map(up).transpose()?;
-        let mask = case.mask.as_ref().map(up).transpose()?;
-        let inputs = Inputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            bias: bias.as_ref(),
-            mask: mask.as_ref(),
-        };
-        let o = backend.forward(p, inputs)?;
-        let lse = o.lse.as_ref().map(|l| backend.download(l)).transpose()?;
-        Ok((backend.download(&o.out)?, lse))
-    };
-    let got = run();
+    let got = backend
+        .supports(p)
+        .and_then(|()| run_forward(backend, case));
     let (out, lse) = match (want, got) {
         (_, Err(AttnError::Unsupported { .. })) => return Ok(()),
         (Err(w), Err(g)) => {
