@@ -124,6 +124,27 @@ pub enum AttnError {
         /// The compiler's log.
         log: String,
     },
+    /// A selection names an index outside the problem (e.g. a head of an
+    /// attention-map request).
+    OutOfRange {
+        /// What was selected (`"maps: batch"`, `"maps: head"`, ...).
+        what: &'static str,
+        /// The index given (for a row range: its end).
+        index: usize,
+        /// How many there are.
+        len: usize,
+    },
+    /// A request needs more memory than the budget it was given.
+    OverBudget {
+        /// What would be allocated, with its dims.
+        what: String,
+        /// Bytes it needs.
+        needed: u128,
+        /// The budget in bytes.
+        budget: u128,
+        /// How to make it fit.
+        hint: &'static str,
+    },
     /// A backend-specific failure (launch, allocation, ...).
     Backend {
         /// The backend's name.
@@ -204,12 +225,44 @@ impl fmt::Display for AttnError {
             Nvrtc { variant, log } => {
                 write!(f, "NVRTC failed to compile kernel {variant}:\n{log}")
             }
+            OutOfRange { what, index, len } => write!(
+                f,
+                "{what} {index} is out of range: there are {len} (valid: 0..{len})"
+            ),
+            OverBudget {
+                what,
+                needed,
+                budget,
+                hint,
+            } => write!(
+                f,
+                "{what} needs {}, over the budget of {}: {hint}",
+                human_bytes(*needed),
+                human_bytes(*budget)
+            ),
             Backend { backend, message } => write!(f, "backend `{backend}`: {message}"),
         }
     }
 }
 
 impl std::error::Error for AttnError {}
+
+/// `bytes` in the largest binary unit that keeps it at least 1 (e.g.
+/// `4.00 GiB`).
+pub fn human_bytes(bytes: u128) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut x = bytes as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < units.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{x:.2} {}", units[u])
+    }
+}
 
 /// Result with [`AttnError`].
 pub type Result<T, E = AttnError> = std::result::Result<T, E>;

@@ -12,6 +12,9 @@
 //!   the bias and the sinks);
 //! - the oracle: the f64 [`Reference`] backend, and an independent dense
 //!   formulation ([`dense::attend_dense`]) that checks it;
+//! - attention maps ([`AttentionMaps`], [`MapRequest`]): the
+//!   probabilities of chosen heads and rows, recomputed from the
+//!   log-sum-exp;
 //! - [`MultiHeadAttention`] over any backend.
 //!
 //! The semantics are specified in `docs/SEMANTICS.md`:
@@ -36,6 +39,7 @@ pub mod dense;
 mod dtype;
 mod error;
 mod grad;
+pub mod maps;
 mod mask;
 mod merge;
 mod mha;
@@ -46,10 +50,11 @@ mod tensor;
 
 pub use backend::{check_buffers, check_call, Backend, Inputs, Output};
 pub use dtype::{round_to, DType, Element};
-pub use error::{AttnError, Result};
+pub use error::{human_bytes, AttnError, Result};
 pub use grad::{
     check_backward_call, Backward, GradBuffers, GradInputs, GradOutputs, GradRequest, Grads,
 };
+pub use maps::{check_maps_call, AttentionMaps, MapLayout, MapRequest, Maps};
 pub use mask::{SeqMask, TileClass};
 pub use merge::merge_states;
 pub use mha::{MhaConfig, MhaWeights, MultiHeadAttention};

@@ -9,6 +9,7 @@
 
 use crate::backend::{Backend, Inputs};
 use crate::error::{AttnError, Result};
+use crate::maps::{AttentionMaps, MapRequest, Maps};
 use crate::options::AttnOptions;
 use crate::problem::{Problem, Shape};
 
@@ -170,6 +171,52 @@ impl<B: Backend> MultiHeadAttention<B> {
         kv: Option<(&B::Buffer, usize)>,
         options: &AttnOptions,
     ) -> Result<B::Buffer> {
+        let (q, k, v, rows_q, problem) = self.project(x, batch, q_len, kv, options, false)?;
+        let o = self.backend.forward(&problem, Inputs::new(&q, &k, &v))?;
+        self.project_out(&o.out, rows_q)
+    }
+
+    /// [`forward`](Self::forward) that also returns the attention maps
+    /// of the call that `request` selects (`[batches, heads, q_len rows,
+    /// kv_len]` f32, see [`crate::maps`]), recomputed from the call's
+    /// log-sum-exp: PyTorch's `need_weights=True` (with
+    /// `average_attn_weights` as [`MapRequest::averaged`]).
+    #[allow(clippy::type_complexity)] // the output and the maps
+    pub fn forward_with_maps(
+        &self,
+        x: &B::Buffer,
+        batch: usize,
+        q_len: usize,
+        kv: Option<(&B::Buffer, usize)>,
+        options: &AttnOptions,
+        request: &MapRequest,
+    ) -> Result<(B::Buffer, Maps<B::Buffer>)>
+    where
+        B: AttentionMaps,
+    {
+        let (q, k, v, rows_q, problem) = self.project(x, batch, q_len, kv, options, true)?;
+        // Refuse an over-budget request before attending.
+        request.resolve(&problem)?;
+        let inputs = Inputs::new(&q, &k, &v);
+        let o = self.backend.forward(&problem, inputs)?;
+        let maps = self
+            .backend
+            .maps(&problem, inputs, o.lse.as_ref(), request)?;
+        Ok((self.project_out(&o.out, rows_q)?, maps))
+    }
+
+    /// Q, K and V of a call, its query rows and its problem (with the
+    /// log-sum-exp when `lse`).
+    #[allow(clippy::type_complexity)] // the three projections and the problem
+    fn project(
+        &self,
+        x: &B::Buffer,
+        batch: usize,
+        q_len: usize,
+        kv: Option<(&B::Buffer, usize)>,
+        options: &AttnOptions,
+        lse: bool,
+    ) -> Result<(B::Buffer, B::Buffer, B::Buffer, usize, Problem)> {
         let c = self.config;
         let (x_kv, kv_len) = kv.unwrap_or((x, q_len));
         if kv.is_none() && c.kv_model_dim != c.model_dim {
@@ -215,14 +262,20 @@ impl<B: Backend> MultiHeadAttention<B> {
         let shape = Shape::new(batch, c.q_heads, c.kv_heads, q_len, kv_len, c.head_dim_qk)
             .with_head_dim_v(c.head_dim_v);
         let mut opts = options.clone();
-        opts.return_lse = false;
+        opts.return_lse = lse;
         let problem = Problem::new(shape, be.info(x).dtype).with_options(opts);
-        let o = be.forward(&problem, Inputs::new(&q, &k, &v))?;
-        be.linear(
-            &o.out,
-            rows_q,
-            &w.wo,
-            b(3),
+        Ok((q, k, v, rows_q, problem))
+    }
+
+    /// The output projection of the attention result (`rows` rows).
+    fn project_out(&self, o: &B::Buffer, rows: usize) -> Result<B::Buffer> {
+        let c = self.config;
+        let b3 = self.weights.biases.as_ref().map(|bs| &bs[3]);
+        self.backend.linear(
+            o,
+            rows,
+            &self.weights.wo,
+            b3,
             c.q_heads * c.head_dim_v,
             c.out_dim,
         )

@@ -16,6 +16,7 @@ use crate::tensor::HostData;
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
 pub mod backward;
+pub mod maps;
 
 /// Arithmetic the reference can run in (f64, or f32 for the low-precision
 /// comparison).
