@@ -6,6 +6,9 @@
 //! cases, the same oracle (the f64 reference) and the same derived error
 //! bound ([`tolerance`]).
 //!
+//! Backends with attention maps add [`maps::check_maps`] over the same
+//! cases and [`maps::all`].
+//!
 //! [`run_suite`] runs the whole suite without the test harness, for
 //! `cargo xtask verify` on a user's machine.
 
@@ -16,6 +19,7 @@ pub mod contract;
 pub mod errors;
 pub mod fuzz;
 pub mod hand;
+pub mod maps;
 pub mod rng;
 pub mod strategy;
 pub mod tolerance;
@@ -100,6 +104,39 @@ pub fn run_backward_suite<B: attn_spec::Backward>(
         .run(&case_params(), |params| {
             let bc = backward::BackCase::build(params);
             match backward::check_backward(backend, &bc) {
+                Ok(Outcome::Passed) => passed.set(passed.get() + 1),
+                Ok(Outcome::Skipped(_)) => skipped.set(skipped.get() + 1),
+                Err(e) => return Err(TestCaseError::fail(e)),
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(SuiteReport {
+        passed: passed.get(),
+        skipped: skipped.get(),
+    })
+}
+
+/// [`run_suite`]'s maps counterpart: the maps hand cases and bad input,
+/// then `cases` generated cases through [`maps::check_maps`] with
+/// [`maps::request_for`].
+pub fn run_maps_suite<B: attn_spec::AttentionMaps>(
+    backend: &B,
+    cases: u32,
+) -> Result<SuiteReport, String> {
+    maps::all(backend)?;
+    let passed = Cell::new(0);
+    let skipped = Cell::new(0);
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    runner
+        .run(&case_params(), |params| {
+            let case = Case::build(params);
+            match maps::check_maps(backend, &case, &maps::request_for(&case)) {
                 Ok(Outcome::Passed) => passed.set(passed.get() + 1),
                 Ok(Outcome::Skipped(_)) => skipped.set(skipped.get() + 1),
                 Err(e) => return Err(TestCaseError::fail(e)),

@@ -10,8 +10,8 @@ use attn_conformance::{case_params, check_case, errors, hand, run_suite, Case, O
 use attn_spec::dense::attend_dense;
 use attn_spec::reference::RefResult;
 use attn_spec::{
-    merge_states, AttnOptions, Backend, BufferInfo, DType, HostData, Inputs, MhaConfig, MhaWeights,
-    MultiHeadAttention, Problem, Reference, Shape, View,
+    merge_states, AttentionMaps, AttnOptions, Backend, BufferInfo, DType, HostData, Inputs,
+    MapRequest, MhaConfig, MhaWeights, MultiHeadAttention, Problem, Reference, Shape, View,
 };
 use proptest::prelude::*;
 
@@ -139,6 +139,59 @@ impl Backend for Broken {
     ) -> attn_spec::Result<HostData> {
         Reference.linear(x, rows, w, b, i, o)
     }
+}
+
+/// Maps 2^-16 too large at their largest entry (flip_alignment), or a
+/// tiny weight at every hidden pair (otherwise).
+impl attn_spec::AttentionMaps for Broken {
+    fn maps_into(
+        &self,
+        p: &Problem,
+        inputs: Inputs<'_, HostData>,
+        lse: &HostData,
+        layout: &attn_spec::MapLayout,
+        maps: &mut HostData,
+    ) -> attn_spec::Result<()> {
+        Reference.maps_into(p, inputs, lse, layout, maps)?;
+        let HostData::F32(m) = maps else {
+            unreachable!()
+        };
+        if self.flip_alignment {
+            if let Some(x) = m.iter_mut().max_by(|a, b| a.total_cmp(b)) {
+                *x *= 1.0 + 2f32.powi(-16);
+            }
+        } else {
+            m.iter_mut().filter(|x| **x == 0.0).for_each(|x| *x = 1e-30);
+        }
+        Ok(())
+    }
+}
+
+/// Both broken maps fail the maps suite, and the generated-case check
+/// alone (without the hand cases) catches them on a causal case.
+#[test]
+fn the_maps_check_rejects_broken_maps() {
+    let mut params = attn_conformance::CaseParams::plain(Shape::new(2, 4, 2, 40, 50, 32));
+    params.options = AttnOptions::default().causal();
+    params.seed = 4;
+    let case = Case::build(params);
+    for flip_alignment in [true, false] {
+        let b = Broken { flip_alignment };
+        let r = attn_conformance::run_maps_suite(&b, 16);
+        assert!(
+            r.is_err(),
+            "broken maps (flip={flip_alignment}) passed: {r:?}"
+        );
+        for req in [MapRequest::all(), MapRequest::all().averaged()] {
+            let r = attn_conformance::maps::check_maps(&b, &case, &req);
+            assert!(
+                r.is_err(),
+                "broken maps (flip={flip_alignment}) passed {req:?}"
+            );
+        }
+    }
+    let r = attn_conformance::maps::check_maps(&Reference, &case, &MapRequest::all());
+    assert_eq!(r, Ok(Outcome::Passed));
 }
 
 #[test]
@@ -282,4 +335,23 @@ fn multi_head_attention_with_identity_weights_is_plain_attention() {
     let p = Problem::new(Shape::new(b, hq, hq, sq, sq, hd), DType::F32);
     let want = Reference.forward(&p, Inputs::new(&x, &x, &x)).unwrap();
     assert_eq!(got, want.out);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: attn_conformance::cases(64), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The reference's maps (recomputed from its stored f32 log-sum-exp)
+    /// meet the maps check against its own f64 probabilities.
+    #[test]
+    fn reference_maps_pass_the_maps_check(params in attn_conformance::case_params()) {
+        let case = attn_conformance::Case::build(params);
+        let req = attn_conformance::maps::request_for(&case);
+        let got = attn_conformance::maps::check_maps(&attn_spec::Reference, &case, &req);
+        prop_assert_eq!(got, Ok(attn_conformance::Outcome::Passed));
+    }
+}
+
+#[test]
+fn reference_maps_hand_cases() {
+    attn_conformance::maps::all(&attn_spec::Reference).unwrap();
 }
