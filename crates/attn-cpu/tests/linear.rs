@@ -6,8 +6,8 @@
 use attn_conformance::rng::Rng;
 use attn_cpu::Cpu;
 use attn_spec::{
-    AttnOptions, Backend, DType, HostData, Inputs, MhaConfig, MhaWeights, MultiHeadAttention,
-    Problem, Reference, Shape,
+    AttentionMaps, AttnOptions, Backend, DType, HostData, Inputs, MapRequest, MhaConfig,
+    MhaWeights, MultiHeadAttention, Problem, Reference, Shape,
 };
 
 fn rand(rng: &mut Rng, n: usize) -> Vec<f64> {
@@ -109,10 +109,42 @@ fn multi_head_attention_on_the_cpu_is_its_own_composition() {
     let v = cpu
         .linear(&x, b * s, &wv, Some(&biases[2]), 32, 16)
         .unwrap();
-    let p = Problem::new(Shape::new(b, 4, 2, s, s, hd), DType::F32).with_options(opts);
+    let p = Problem::new(Shape::new(b, 4, 2, s, s, hd), DType::F32).with_options(opts.clone());
     let o = cpu.forward(&p, Inputs::new(&q, &k, &v)).unwrap();
     let want = cpu
         .linear(&o.out, b * s, &wo, Some(&biases[3]), 32, 32)
         .unwrap();
     assert_eq!(got, want);
+
+    // With maps: the same output, and the maps of the same call (the
+    // backend's own, which its conformance suite checks).
+    for request in [
+        MapRequest::all(),
+        MapRequest::all().heads([3, 1]).averaged(),
+    ] {
+        let (out, maps) = layer
+            .forward_with_maps(&x, b, s, None, &opts, &request)
+            .unwrap();
+        assert_eq!(out, want);
+        let mut pl = p.clone();
+        pl.options.return_lse = true;
+        let lse = cpu.forward(&pl, Inputs::new(&q, &k, &v)).unwrap().lse;
+        let direct = cpu
+            .maps(&p, Inputs::new(&q, &k, &v), lse.as_ref(), &request)
+            .unwrap();
+        assert_eq!(maps.layout, direct.layout);
+        assert_eq!(maps.probs, direct.probs);
+        // Causal rows sum to 1.
+        let [_, _, nr, kl] = maps.layout.dims();
+        let pr = maps.probs.to_f64_vec();
+        for r in 0..maps.probs.len() / kl {
+            let sum: f64 = pr[r * kl..(r + 1) * kl].iter().sum();
+            assert!((sum - 1.0).abs() < 1e-5, "row {} sums to {sum}", r % nr);
+        }
+    }
+    let too_big = MapRequest::all().with_budget(100);
+    let e = layer
+        .forward_with_maps(&x, b, s, None, &opts, &too_big)
+        .unwrap_err();
+    assert!(matches!(e, attn_spec::AttnError::OverBudget { .. }), "{e}");
 }

@@ -20,11 +20,10 @@
 use super::{Ctx, Outs, Task};
 use crate::blocking::{BWD_KEYS, BWD_PANEL_BYTES, BWD_ROWS, LANES};
 use crate::element::CpuElement;
-use crate::exp::{exp2, tanh};
 use crate::microkernel::gemm::gemm;
+use crate::probs::{probabilities, Scores, Tile};
 use crate::simd::{load, store, Vector};
-use attn_spec::{HostData, TileClass, View};
-use std::f32::consts::LOG2_E;
+use attn_spec::{TileClass, View};
 
 /// Buffers of one task (allocated per task: a few hundred KiB).
 pub struct Scratch {
@@ -86,7 +85,7 @@ impl Scratch {
 /// Reads `len` elements of `src` from `view` at `[i0, i1, i2, 0..len]` into
 /// `dst` as f32.
 #[inline(always)]
-fn read_row<V: Vector, T: CpuElement>(src: &[T], view: &View, at: [usize; 3], dst: &mut [f32]) {
+pub fn read_row<V: Vector, T: CpuElement>(src: &[T], view: &View, at: [usize; 3], dst: &mut [f32]) {
     let len = dst.len();
     let base = view.index([at[0], at[1], at[2], 0]);
     if len <= 1 || view.strides[3] == 1 {
@@ -96,52 +95,6 @@ fn read_row<V: Vector, T: CpuElement>(src: &[T], view: &View, at: [usize; 3], ds
             *x = src[base + d * view.strides[3]].to_f32();
         }
     }
-}
-
-/// Adds to `add[..n]` the bias of row `(b, h, i)` over keys `j0..j0+n` and
-/// sets `-inf` where the boolean mask is false (0 without either).
-fn bias_and_mask<T>(
-    ctx: &Ctx<'_, T>,
-    (b, h, i): (usize, usize, usize),
-    j0: usize,
-    add: &mut [f32],
-) {
-    add.iter_mut().for_each(|x| *x = 0.0);
-    if let Some((bias, view)) = ctx.bias {
-        let at = |j: usize| view.index([b, h, i, j0 + j]);
-        match bias {
-            HostData::F32(v) => add.iter_mut().enumerate().for_each(|(j, x)| *x = v[at(j)]),
-            HostData::F16(v) => add
-                .iter_mut()
-                .enumerate()
-                .for_each(|(j, x)| *x = v[at(j)].to_f32()),
-            HostData::Bf16(v) => add
-                .iter_mut()
-                .enumerate()
-                .for_each(|(j, x)| *x = v[at(j)].to_f32()),
-            other => add
-                .iter_mut()
-                .enumerate()
-                .for_each(|(j, x)| *x = other.get(at(j)) as f32),
-        }
-    }
-    if let Some((mask, view)) = ctx.mask {
-        for (j, x) in add.iter_mut().enumerate() {
-            if !mask[view.index([b, h, i, j0 + j])] {
-                *x = f32::NEG_INFINITY;
-            }
-        }
-    }
-}
-
-/// Lane indices 0..16 as f32.
-#[inline(always)]
-fn iota<V: Vector>() -> V {
-    let mut x = [0.0f32; LANES];
-    for (l, y) in x.iter_mut().enumerate() {
-        *y = l as f32;
-    }
-    V::from(x)
 }
 
 /// Runs `task`.
@@ -164,7 +117,12 @@ pub fn run<V: Vector, T: CpuElement>(
     let mr = V::mr(1);
     let scale = p.scale();
     let cap = o.softcap;
-    let per_elem = ctx.bias.is_some() || ctx.mask.is_some();
+    let scores = Scores {
+        p,
+        lse: ctx.lse,
+        bias: ctx.bias,
+        mask: ctx.mask,
+    };
     // The task's Q and dO rows as f32 panels, packed once for all its key
     // blocks when they fit (rows of a head `ql` apart, and a block of
     // spare rows the products' padding may read).
@@ -232,7 +190,6 @@ pub fn run<V: Vector, T: CpuElement>(
         ws.dv[..nk * dvp].iter_mut().for_each(|x| *x = 0.0);
         for hh in 0..group {
             let h = kvh * group + hh;
-            let slope_h = o.alibi_slopes.as_ref().map(|v| v[h]);
             for ib in (0..ql).step_by(BWD_ROWS) {
                 let mb = BWD_ROWS.min(ql - ib);
                 if mask.classify(ib..ib + mb, j0..j0 + n) == TileClass::Skip {
@@ -285,62 +242,14 @@ pub fn run<V: Vector, T: CpuElement>(
                     )
                 };
                 // P = exp(x - lse), in place.
-                for r in 0..mq {
-                    let i = i0 + r;
-                    let lse = ctx.lse[(b * s.q_heads + h) * s.q_len + i];
-                    let vis = mask.kv_range(i);
-                    let lo = vis.start.max(j0).min(j0 + n) - j0;
-                    let hi = vis.end.min(j0 + n).max(j0) - j0;
-                    let srow = &mut ws.s[r * BWD_KEYS..(r + 1) * BWD_KEYS];
-                    if lse == f32::NEG_INFINITY || lo >= hi {
-                        srow[..ncols].iter_mut().for_each(|x| *x = 0.0);
-                        continue;
-                    }
-                    if per_elem {
-                        bias_and_mask(ctx, (b, h, i), j0, &mut ws.add[..n]);
-                    }
-                    let diag = mask.diagonal(i);
-                    let nl = V::splat(-lse * LOG2_E);
-                    for c in 0..nvec {
-                        // SAFETY: c * 16 + 16 <= ncols <= BWD_KEYS floats of
-                        // the row.
-                        let sv = unsafe { load::<V>(srow.as_ptr().add(c * LANES)) };
-                        let y = sv * V::splat(scale);
-                        let mut x = match cap {
-                            Some(cap) => {
-                                let t = tanh(y * V::splat(1.0 / cap));
-                                let g = V::splat(scale) * (V::ONE - t * t);
-                                // SAFETY: as above, in the slope tile.
-                                unsafe {
-                                    store(ws.slope.as_mut_ptr().add(r * BWD_KEYS + c * LANES), g)
-                                };
-                                t * V::splat(cap)
-                            }
-                            None => y,
-                        };
-                        if let Some(sl) = slope_h {
-                            let base = (j0 as i64 + (c * LANES) as i64 - diag) as f32;
-                            let dist = (iota::<V>() + V::splat(base)).abs();
-                            x -= V::splat(sl) * dist;
-                        }
-                        let (k0, k1) = (c * LANES, c * LANES + LANES);
-                        if per_elem {
-                            let mut a = [0.0f32; LANES];
-                            let m = (n - k0).min(LANES);
-                            a[..m].copy_from_slice(&ws.add[k0..k0 + m]);
-                            x += V::from(a);
-                        }
-                        if lo > k0 || hi < k1 {
-                            let idx = iota::<V>() + V::splat(k0 as f32);
-                            let ninf = V::splat(f32::NEG_INFINITY);
-                            x = idx.select_lt(lo as f32, ninf, x);
-                            x = idx.select_lt(hi as f32, x, ninf);
-                        }
-                        let pv = exp2(x.mul_add(V::splat(LOG2_E), nl));
-                        // SAFETY: as above.
-                        unsafe { store(srow.as_mut_ptr().add(c * LANES), pv) };
-                    }
-                }
+                let tile = Tile {
+                    bh: (b, h),
+                    rows: (i0, mq),
+                    keys: (j0, n),
+                    stride: BWD_KEYS,
+                };
+                let slope = cap.is_some().then_some(&mut ws.slope[..]);
+                probabilities::<V>(&scores, tile, &mut ws.s, &mut ws.add, slope);
                 // dP = dO V^T.
                 // SAFETY: as for S, with d_o (dvp) and vt (dv rows).
                 unsafe {

@@ -143,6 +143,21 @@ macro_rules! kernel_entries {
                 $crate::backward::task::run::<V16, T>(ctx, outs, task, ws)
             }
 
+            /// `maps::run` for this level.
+            ///
+            /// # Safety
+            /// The CPU runs this level.
+            $(#[target_feature(enable = $features)])?
+            #[inline(never)]
+            pub unsafe fn maps_unit<T: CpuElement>(
+                ctx: &$crate::maps::Ctx<'_, T>,
+                unit: &$crate::maps::Unit,
+                out: &mut [f32],
+                ws: &mut $crate::maps::Scratch,
+            ) {
+                $crate::maps::run::<V16, T>(ctx, unit, out, ws)
+            }
+
             /// `scores` on `nv` vectors and `m` keys.
             ///
             /// # Safety
@@ -233,6 +248,16 @@ macro_rules! kernel_entries {
             ) {
                 // SAFETY: as above.
                 unsafe { kernels::backward_task::<T>(ctx, outs, task, ws) }
+            }
+            #[inline(always)]
+            fn maps_unit<T: $crate::element::CpuElement>(
+                ctx: &$crate::maps::Ctx<'_, T>,
+                unit: &$crate::maps::Unit,
+                out: &mut [f32],
+                ws: &mut $crate::maps::Scratch,
+            ) {
+                // SAFETY: as above.
+                unsafe { kernels::maps_unit::<T>(ctx, unit, out, ws) }
             }
             #[inline(always)]
             unsafe fn scores_part(

@@ -200,6 +200,15 @@ pub trait Kernels: Sized {
         ws: &mut crate::backward::task::Scratch,
     );
 
+    /// `maps::run` compiled for this level, out of line: one copy per
+    /// element type.
+    fn maps_unit<T: CpuElement>(
+        ctx: &crate::maps::Ctx<'_, T>,
+        unit: &crate::maps::Unit,
+        out: &mut [f32],
+        ws: &mut crate::maps::Scratch,
+    );
+
     /// The level's compiled score microkernel (`microkernel::scores`) on
     /// `nv <= KERNEL_VECS` vectors and `m <= mr(nv)` keys.
     ///
