@@ -57,7 +57,7 @@ impl CandleBackend {
         Ok(CandleBackend { engine, device })
     }
 
-    fn err(&self, e: candle_core::Error) -> AttnError {
+    pub(crate) fn err(&self, e: candle_core::Error) -> AttnError {
         AttnError::Backend {
             backend: self.name(),
             message: e.to_string(),

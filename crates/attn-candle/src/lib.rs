@@ -12,6 +12,9 @@
 //!   compares against. Both pass attn's conformance suite on candle's CPU
 //!   device.
 //!
+//! - [`attention_maps`]: the attention probabilities of chosen heads and
+//!   rows ([`MapRequest`]), recomputed from the log-sum-exp; the layer's
+//!   [`MultiHeadAttention::forward_with_maps`] returns them with its output.
 //! - [`attention_ext`]: the same with a bias and a boolean mask tensor
 //!   ([`Extras`]).
 //! - [`MultiHeadAttention`]: a layer with candle-tensor weights
@@ -42,13 +45,16 @@ mod backend;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod grad;
+pub mod maps;
 mod mha;
 pub mod op;
 mod plain;
 
 pub use attn_spec::AttnOptions;
+pub use attn_spec::MapRequest;
 pub use attn_spec::{MhaConfig, MhaWeights};
 pub use backend::{CandleBackend, CandleEngine};
+pub use maps::attention_maps;
 pub use mha::{KvCache, MultiHeadAttention};
 
 use candle_core::{Result, Tensor};

@@ -9,7 +9,7 @@
 //! filled part (strided when `batch > 1`, read in place all the same).
 
 use crate::{attention, AttnOptions};
-use attn_spec::{MhaConfig, MhaWeights};
+use attn_spec::{MapRequest, MhaConfig, MhaWeights};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
 
@@ -137,6 +137,26 @@ impl MultiHeadAttention {
         let q = self.project_q(x)?;
         let (k, v) = self.project_kv(kv.unwrap_or(x))?;
         self.project_out(&attention(&q, &k, &v, options)?)
+    }
+
+    /// [`forward`](Self::forward) that also returns the attention maps of
+    /// the call that `request` selects (`[batches, heads, q_len rows,
+    /// kv_len]` f32, see [`crate::attention_maps`]): PyTorch's
+    /// `need_weights=True`, with `average_attn_weights` as
+    /// [`MapRequest::averaged`].
+    pub fn forward_with_maps(
+        &self,
+        x: &Tensor,
+        kv: Option<&Tensor>,
+        options: &AttnOptions,
+        request: &MapRequest,
+    ) -> Result<(Tensor, Tensor)> {
+        let q = self.project_q(x)?;
+        let (k, v) = self.project_kv(kv.unwrap_or(x))?;
+        crate::maps::check_request(&q, &k, &v, options, request)?;
+        let (o, lse) = crate::attention_with_lse(&q, &k, &v, options)?;
+        let maps = crate::attention_maps(&q, &k, &v, Some(&lse), options, request)?;
+        Ok((self.project_out(&o)?, maps))
     }
 
     /// A cache for this layer's keys and values: `capacity` positions for

@@ -105,9 +105,63 @@ pub fn forward(
         };
         return Ok((out, lse));
     }
+    let v4 = repeat_heads(as4(inp.v, &p.v)?, group)?;
+    let Probs { pr, m_safe, z, .. } = probs(p, inp, dev, false)?;
+    let o4 = pr.matmul(&v4)?; // [b, hq, sq, dv]
+    let o4 = if is_bshd(&p.out) {
+        o4.transpose(1, 2)?.contiguous()?
+    } else {
+        o4
+    };
+    let out = o4
+        .to_dtype(super::backend::candle_dtype(p.dtype))?
+        .flatten_all()?;
+    let lse = if o.return_lse {
+        let l: Vec<f32> = m_safe
+            .iter()
+            .zip(&z)
+            .map(|(&mx, &zz)| {
+                if zz == 0.0 {
+                    f32::NEG_INFINITY
+                } else {
+                    mx + zz.ln()
+                }
+            })
+            .collect();
+        Some(Tensor::from_vec(l, b * hq * sq, dev)?)
+    } else {
+        None
+    };
+    Ok((out, lse))
+}
+
+/// The probabilities of the plain composition and what the forward needs
+/// of its softmax.
+pub struct Probs {
+    /// `[b, hq, sq, sk]` f32: 0 where hidden, rows summing to 1 minus the
+    /// sink's share.
+    pub pr: Tensor,
+    /// Each row's maximum, 0 for rows that see nothing.
+    pub m_safe: Vec<f32>,
+    /// Each row's sum of exponentials.
+    pub z: Vec<f32>,
+    /// `[b, hq, sq, sk]` u8, 1 where the pair is visible (when asked for).
+    pub visible: Option<Tensor>,
+}
+
+/// Scores, masks and softmax of the plain composition (`sq`, `sk` > 0).
+pub fn probs(
+    p: &Problem,
+    inp: Inputs<'_, Tensor>,
+    dev: &Device,
+    want_visible: bool,
+) -> Result<Probs> {
+    let s = p.shape;
+    let (b, hq, sq, sk) = (s.batch, s.q_heads, s.q_len, s.kv_len);
+    let group = s.group();
+    let o = &p.options;
     let q4 = as4(inp.q, &p.q)?;
     let k4 = repeat_heads(as4(inp.k, &p.k)?, group)?;
-    let v4 = repeat_heads(as4(inp.v, &p.v)?, group)?;
     let mut sc = (q4.matmul(&k4.transpose(2, 3)?.contiguous()?)? * f64::from(p.scale()))?;
     if let Some(cap) = o.softcap {
         sc = ((sc / f64::from(cap))?.tanh()? * f64::from(cap))?;
@@ -139,7 +193,9 @@ pub fn forward(
             }
         }
     }
-    sc = (sc + Tensor::from_vec(add, (b, hq, sq, sk), dev)?)?;
+    let add_t = Tensor::from_vec(add, (b, hq, sq, sk), dev)?;
+    sc = (sc + &add_t)?;
+    let mut bias4 = None;
     if let (Some(bt), Some(bd)) = (inp.bias, &p.bias) {
         let [db, dh, _, _] = bd.view.dims;
         let b4 = bt
@@ -147,6 +203,7 @@ pub fn forward(
             .reshape((db, dh, sq, sk))?
             .to_dtype(CDType::F32)?;
         sc = sc.broadcast_add(&b4)?;
+        bias4 = Some(b4);
     }
     // The sink: one more column, -inf on padding rows.
     let ext = match &o.sinks {
@@ -181,30 +238,19 @@ pub fn forward(
         .map(|&x| if x == f32::NEG_INFINITY { 0.0 } else { x })
         .collect();
     let pr = pr.narrow(3, 0, sk)?.contiguous()?;
-    let o4 = pr.matmul(&v4)?; // [b, hq, sq, dv]
-    let o4 = if is_bshd(&p.out) {
-        o4.transpose(1, 2)?.contiguous()?
-    } else {
-        o4
-    };
-    let out = o4
-        .to_dtype(super::backend::candle_dtype(p.dtype))?
-        .flatten_all()?;
-    let lse = if o.return_lse {
-        let l: Vec<f32> = m_safe
-            .iter()
-            .zip(&z)
-            .map(|(&mx, &zz)| {
-                if zz == 0.0 {
-                    f32::NEG_INFINITY
-                } else {
-                    mx + zz.ln()
-                }
-            })
-            .collect();
-        Some(Tensor::from_vec(l, b * hq * sq, dev)?)
+    let visible = if want_visible {
+        let mut vis = add_t.ne(f32::NEG_INFINITY)?;
+        if let Some(b4) = &bias4 {
+            vis = vis.broadcast_mul(&b4.ne(f32::NEG_INFINITY)?)?;
+        }
+        Some(vis)
     } else {
         None
     };
-    Ok((out, lse))
+    Ok(Probs {
+        pr,
+        m_safe,
+        z,
+        visible,
+    })
 }

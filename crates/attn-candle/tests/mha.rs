@@ -5,7 +5,7 @@
 
 use attn_candle::{CandleBackend, KvCache, MhaConfig, MhaWeights, MultiHeadAttention};
 use attn_conformance::{check_output, rng::Rng, Case, CaseParams};
-use attn_spec::{AttnOptions, DType, Problem, Shape};
+use attn_spec::{AttnOptions, DType, MapRequest, Problem, Shape};
 use candle_core::{DType as CDType, Device, Tensor};
 
 fn rand(rng: &mut Rng, dims: &[usize]) -> Tensor {
@@ -83,6 +83,66 @@ fn the_candle_layer_is_attn_specs_layer() {
         got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
         want.to_vec1::<f32>().unwrap()
     );
+}
+
+/// `forward_with_maps`: the same output as `forward`, and the same maps as
+/// attn-spec's layer over the candle backend (both from the call's own
+/// log-sum-exp), shaped `[batches, heads, rows, keys]`, and checked
+/// against the f64 reference on the layer's own projections.
+#[test]
+fn the_candle_layer_returns_the_maps_of_its_call() {
+    let mut rng = Rng::new(13);
+    let (c, w) = layer(&mut rng, CDType::F32);
+    let (b, s) = (2, 21);
+    let x = rand(&mut rng, &[b, s, 48]);
+    let opts = AttnOptions::default().causal();
+    let ours = MultiHeadAttention::new(c, clone_weights(&w)).unwrap();
+    let flat = |t: &Tensor| t.flatten_all().unwrap();
+    let spec_w = MhaWeights {
+        wq: flat(&w.wq),
+        wk: flat(&w.wk),
+        wv: flat(&w.wv),
+        wo: flat(&w.wo),
+        biases: w.biases.as_ref().map(|bs| bs.clone().map(|t| flat(&t))),
+    };
+    let spec = attn_spec::MultiHeadAttention::new(CandleBackend::fused_cpu(), c, spec_w).unwrap();
+    for request in [
+        MapRequest::all(),
+        MapRequest::all().batches([1]).heads([5, 0]).rows(3..17),
+        MapRequest::all().averaged(),
+    ] {
+        let (out, maps) = ours.forward_with_maps(&x, None, &opts, &request).unwrap();
+        let plain = ours.forward(&x, None, &opts).unwrap();
+        assert_eq!(
+            flat(&out).to_vec1::<f32>().unwrap(),
+            flat(&plain).to_vec1::<f32>().unwrap()
+        );
+        let (_, want) = spec
+            .forward_with_maps(&flat(&x), b, s, None, &opts, &request)
+            .unwrap();
+        assert_eq!(maps.dims(), &want.layout.dims());
+        let got = flat(&maps).to_vec1::<f32>().unwrap();
+        assert_eq!(got, want.probs.to_vec1::<f32>().unwrap());
+        // Against the reference, on the layer's projections.
+        let (k, v) = ours.project_kv(&x).unwrap();
+        let q = ours.project_q(&x).unwrap();
+        let mut case = Case::build(CaseParams::plain(Shape::new(b, 6, 2, s, s, 8)));
+        case.problem.options = opts.clone();
+        (case.q, case.k, case.v) = (host(&q), host(&k), host(&v));
+        let (_, lse) = attn_candle::attention_with_lse(&q, &k, &v, &opts).unwrap();
+        let r = attn_conformance::maps::check_against_reference(
+            &case,
+            &request,
+            &attn_spec::HostData::F32(got),
+            &host(&lse),
+        );
+        assert_eq!(r, Ok(()), "{request:?}");
+    }
+    // An over-budget request is refused before the layer attends.
+    let e = ours
+        .forward_with_maps(&x, None, &opts, &MapRequest::all().with_budget(1000))
+        .unwrap_err();
+    assert!(e.to_string().contains("over the budget"), "{e}");
 }
 
 fn host(t: &Tensor) -> attn_spec::HostData {

@@ -137,3 +137,16 @@ impl Backward for Engine {
         each!(self, b => b.backward_into(problem, inputs, forward, grads))
     }
 }
+
+impl attn_spec::AttentionMaps for Engine {
+    fn maps_into(
+        &self,
+        problem: &Problem,
+        inputs: Inputs<'_, HostData>,
+        lse: &HostData,
+        layout: &attn_spec::MapLayout,
+        maps: &mut HostData,
+    ) -> Result<()> {
+        each!(self, b => b.maps_into(problem, inputs, lse, layout, maps))
+    }
+}

@@ -34,10 +34,11 @@
 //! ```
 
 pub use attn_spec::{
-    alibi_slopes, bf16, check_backward_call, check_call, f16, merge_states, Alignment, AttnError,
-    AttnOptions, Backend, Backward, BufferInfo, DType, Element, GradInputs, GradOutputs,
-    GradRequest, Grads, HostData, Inputs, MaskKind, MhaConfig, MhaWeights, MultiHeadAttention,
-    Output, Problem, Reference, Result, SeqMask, Shape, TensorDesc, TileClass, View,
+    alibi_slopes, bf16, check_backward_call, check_call, check_maps_call, f16, merge_states,
+    Alignment, AttentionMaps, AttnError, AttnOptions, Backend, Backward, BufferInfo, DType,
+    Element, GradInputs, GradOutputs, GradRequest, Grads, HostData, Inputs, MapLayout, MapRequest,
+    Maps, MaskKind, MhaConfig, MhaWeights, MultiHeadAttention, Output, Problem, Reference, Result,
+    SeqMask, Shape, TensorDesc, TileClass, View,
 };
 
 mod engine;

@@ -27,6 +27,12 @@ fn best_engine_passes_the_backward_suite() {
 }
 
 #[test]
+fn best_engine_passes_the_maps_suite() {
+    let report = attn_conformance::run_maps_suite(&Engine::best(), 64).unwrap();
+    assert_eq!((report.passed, report.skipped), (64, 0));
+}
+
+#[test]
 fn every_compiled_engine_can_be_chosen() {
     for kind in EngineKind::compiled() {
         assert_eq!(Engine::of(kind).unwrap().kind(), kind);
