@@ -3,6 +3,7 @@
 //! (the backward pass's in `backward.rs`).
 
 mod backward;
+mod maps;
 
 use crate::cache::Cache;
 use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};

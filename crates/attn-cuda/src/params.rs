@@ -177,6 +177,37 @@ pub struct BwdParams {
 // SAFETY: as `Params`: `repr(C)` plain data read by value.
 unsafe impl cudarc::driver::DeviceRepr for BwdParams {}
 
+/// The maps kernel's parameter block (`struct MapsParams` in
+/// `kernels/maps.cu`): the forward's [`Params`] (whose `lse` is read),
+/// then the selection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MapsParams {
+    /// The forward's problem.
+    pub p: Params,
+    /// The maps (f32 `[n_batches][n_heads or 1][n_rows][sk]`).
+    pub maps: u64,
+    /// The selected batch entries (i32 `[n_batches]`).
+    pub batches: u64,
+    /// The selected query heads (i32 `[n_heads]`).
+    pub heads: u64,
+    /// Selected batch entries.
+    pub n_batches: i32,
+    /// Selected heads.
+    pub n_heads: i32,
+    /// First query row.
+    pub row0: i32,
+    /// Query rows.
+    pub n_rows: i32,
+    /// 1: the heads are averaged.
+    pub averaged: i32,
+    /// Padding to 8 bytes.
+    pub pad: i32,
+}
+
+// SAFETY: as `Params`: `repr(C)` plain data read by value.
+unsafe impl cudarc::driver::DeviceRepr for MapsParams {}
+
 impl Params {
     /// The sizes, strides and options of `p` (device addresses left 0),
     /// for `splits` splits of `keys_per_split` keys.

@@ -12,6 +12,7 @@ const SIMT: &str = include_str!("kernels/simt.cu");
 const COMBINE: &str = include_str!("kernels/combine.cu");
 const LINEAR: &str = include_str!("kernels/linear.cu");
 const BWD: &str = include_str!("kernels/bwd.cu");
+const MAPS: &str = include_str!("kernels/maps.cu");
 
 /// Largest head dim (Q/K or V) any kernel is built for.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -33,6 +34,8 @@ pub enum Kernel {
     BwdDkdv,
     /// Backward: the sinks' gradient (a block per head).
     BwdSinks,
+    /// Attention maps from the log-sum-exp (a warp per map row).
+    Maps,
 }
 
 impl Kernel {
@@ -46,6 +49,7 @@ impl Kernel {
             Kernel::BwdDq => "attn_bwd_dq",
             Kernel::BwdDkdv => "attn_bwd_dkdv",
             Kernel::BwdSinks => "attn_bwd_dsinks",
+            Kernel::Maps => "attn_maps",
         }
     }
 
@@ -58,6 +62,7 @@ impl Kernel {
             Kernel::Linear => 16 * 16,
             Kernel::BwdDq | Kernel::BwdDkdv => 8 * 32,
             Kernel::BwdSinks => 256,
+            Kernel::Maps => 8 * 32,
         }
     }
 
@@ -69,7 +74,7 @@ impl Kernel {
             Kernel::Simt => 8,
             Kernel::Combine => 4,
             Kernel::Linear => 16,
-            Kernel::BwdDq | Kernel::BwdDkdv => 8,
+            Kernel::BwdDq | Kernel::BwdDkdv | Kernel::Maps => 8,
             Kernel::BwdSinks => 1,
         }
     }
@@ -193,7 +198,7 @@ impl Variant {
             Kernel::Simt => 4 * (32 * (dq + 1) + 32 * (dv + 1) + 8 * dq),
             Kernel::BwdDq => 4 * (32 * (dq + 1) + 32 * (dv + 1) + 8 * dq + 8 * dv),
             Kernel::BwdDkdv => 4 * (32 * (dq + 1) + 32 * (dv + 1) + 8 * dq + 8 * dv + 64),
-            Kernel::Combine | Kernel::Linear | Kernel::BwdSinks => 0,
+            Kernel::Combine | Kernel::Linear | Kernel::BwdSinks | Kernel::Maps => 0,
         }
     }
 
@@ -234,6 +239,7 @@ impl Variant {
             Kernel::Combine => COMBINE,
             Kernel::Linear => LINEAR,
             Kernel::BwdDq | Kernel::BwdDkdv | Kernel::BwdSinks => BWD,
+            Kernel::Maps => MAPS,
         };
         format!("{}{COMMON}\n{body}\n", self.defines())
     }
@@ -319,11 +325,12 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
         (Kernel::Combine, &[DType::F32, DType::F16, DType::Bf16][..]),
         (Kernel::BwdDq, &[DType::F32, DType::F16, DType::Bf16][..]),
         (Kernel::BwdDkdv, &[DType::F32, DType::F16, DType::Bf16][..]),
+        (Kernel::Maps, &[DType::F32, DType::F16, DType::Bf16][..]),
     ] {
         for &elem in elems {
             // The backward kernels' registers follow the padded dims (a
             // multiple of 32): one pair per padding class and the uneven one.
-            let bwd = matches!(kernel, Kernel::BwdDq | Kernel::BwdDkdv);
+            let bwd = matches!(kernel, Kernel::BwdDq | Kernel::BwdDkdv | Kernel::Maps);
             let pairs = dims.iter().filter(|d| {
                 !bwd || matches!(
                     d,
@@ -436,6 +443,7 @@ mod tests {
             Kernel::BwdDq,
             Kernel::BwdDkdv,
             Kernel::BwdSinks,
+            Kernel::Maps,
         ] {
             assert!(v.iter().any(|x| x.kernel == k));
         }

@@ -113,3 +113,15 @@ fn split_kv_decoding_passes() {
         hand::split_kv(simt).unwrap();
     }
 }
+
+/// Attention maps: the maps hand cases and bad input, then generated
+/// cases (a quarter of `$ATTN_GPU_CASES`) against the f64 reference's
+/// probabilities.
+#[test]
+fn cuda_maps_pass_the_suite() {
+    if let Some((tc, _)) = gpu() {
+        let n = gpu_cases() / 4 + 1;
+        let r = attn_conformance::run_maps_suite(tc, n).unwrap();
+        assert_eq!((r.passed, r.skipped), (n, 0));
+    }
+}

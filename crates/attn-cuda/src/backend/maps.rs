@@ -1,0 +1,103 @@
+//! Attention maps on the GPU (`kernels/maps.cu`): a warp per map row,
+//! `exp(s - lse)` from the forward's log-sum-exp, f32, deterministic.
+//! Compiled for sm_80 and sm_90 by `cargo xtask cuda-check`; the GPU
+//! conformance run (`cargo xtask gpu-check`) runs the maps suite.
+
+use super::{drv, Cuda};
+use crate::params::{MapsParams, Params};
+use crate::variant::{Kernel, Variant};
+use attn_spec::{
+    check_maps_call, AttentionMaps, AttnError, Backend, Inputs, MapLayout, Problem, Result,
+};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+impl AttentionMaps for Cuda {
+    fn maps_into(
+        &self,
+        problem: &Problem,
+        inputs: Inputs<'_, Self::Buffer>,
+        lse: &Self::Buffer,
+        layout: &MapLayout,
+        maps: &mut Self::Buffer,
+    ) -> Result<()> {
+        check_maps_call(self, problem, &inputs, lse, layout, maps)?;
+        if layout.is_empty() {
+            return Ok(());
+        }
+        let p = problem;
+        let o = &p.options;
+        let [nb, planes, nr, _] = layout.dims();
+        if planes > 65535 || nb > 65535 || nr.div_ceil(8) > i32::MAX as usize {
+            return Err(AttnError::Unsupported {
+                backend: self.name(),
+                feature: format!("maps of dims {:?}", layout.dims()),
+                reason: "the grid holds at most 65535 heads and batch entries".into(),
+            });
+        }
+        let i32_of = |x: usize| {
+            i32::try_from(x).map_err(|_| AttnError::Overflow {
+                what: "maps selection",
+            })
+        };
+        let st = &self.stream;
+        let mut params = Params::new(p, 1, p.shape.kv_len.max(1))?;
+        let q_lens = o.q_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
+        let kv_lens = o.kv_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
+        let alibi = o
+            .alibi_slopes
+            .as_ref()
+            .map(|a| self.upload_f32(a))
+            .transpose()?;
+        let batches = self.upload_i32(&layout.batches)?;
+        let heads = self.upload_i32(&layout.heads)?;
+        let (qa, _g1) = inputs.q.data.device_ptr(st);
+        let (ka, _g2) = inputs.k.data.device_ptr(st);
+        let (la, _g3) = lse.data.device_ptr(st);
+        let bias_g = inputs.bias.map(|b| b.data.device_ptr(st));
+        let mask_g = inputs.mask.map(|m| m.data.device_ptr(st));
+        let ql_g = q_lens.as_ref().map(|b| b.device_ptr(st));
+        let kl_g = kv_lens.as_ref().map(|b| b.device_ptr(st));
+        let al_g = alibi.as_ref().map(|b| b.data.device_ptr(st));
+        let (ba, _g4) = batches.device_ptr(st);
+        let (ha, _g5) = heads.device_ptr(st);
+        let addr = |g: &Option<(u64, _)>| g.as_ref().map_or(0, |g| g.0);
+        params.q = qa;
+        params.k = ka;
+        params.lse = la;
+        params.bias = addr(&bias_g);
+        params.mask = addr(&mask_g);
+        params.q_lens = addr(&ql_g);
+        params.kv_lens = addr(&kl_g);
+        params.alibi = addr(&al_g);
+        let (ma, _g6) = maps.data.device_ptr_mut(st);
+        let mp = MapsParams {
+            p: params,
+            maps: ma,
+            batches: ba,
+            heads: ha,
+            n_batches: i32_of(nb)?,
+            n_heads: i32_of(layout.heads.len())?,
+            row0: i32_of(layout.rows.start)?,
+            n_rows: i32_of(nr)?,
+            averaged: i32::from(layout.averaged),
+            pad: 0,
+        };
+        let v = Variant::for_problem(Kernel::Maps, p, self.arch);
+        let f = self.function(&v)?;
+        let rows = Kernel::Maps.rows_per_block();
+        let cfg = LaunchConfig {
+            grid_dim: (nr.div_ceil(rows) as u32, planes as u32, nb as u32),
+            block_dim: (Kernel::Maps.threads(), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `mp` holds the addresses of live device buffers of this
+        // context (the guards keep them alive and ordered on this stream):
+        // Q, K, the bias and mask, validated against the problem's views by
+        // `check_maps_call`, the log-sum-exp ([b, hq, sq] f32), the lengths
+        // and slopes uploaded above, the selection lists (n_batches and
+        // n_heads i32, every index in range: `check_maps_call` re-resolved
+        // the layout) and the map buffer of exactly `layout.len()` f32.
+        unsafe { st.launch_builder(&f).arg(&mp).launch(cfg) }.map_err(drv)?;
+        Ok(())
+    }
+}
