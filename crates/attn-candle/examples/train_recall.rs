@@ -20,25 +20,32 @@ use attn_candle::{AttnOptions, MhaConfig, MhaWeights, MultiHeadAttention};
 use candle_core::{DType, Device, Result, Tensor, D};
 use candle_nn::{AdamW, Init, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 
-/// Keys and values of the task, pairs per sequence, model width, heads.
-const KEYS: usize = 16;
-const VALUES: usize = 16;
-const PAIRS: usize = 8;
-const MODEL: usize = 64;
-const HEADS: usize = 4;
-const BATCH: usize = 32;
-const LAYERS: usize = 2;
+/// Key tokens of the task.
+pub const KEYS: usize = 16;
+/// Value tokens of the task.
+pub const VALUES: usize = 16;
+/// Key-value pairs per sequence.
+pub const PAIRS: usize = 8;
+/// Model width.
+pub const MODEL: usize = 64;
+/// Attention heads per layer.
+pub const HEADS: usize = 4;
+/// Sequences per training step.
+pub const BATCH: usize = 32;
+/// Attention layers.
+pub const LAYERS: usize = 2;
 
 /// Key tokens `0..KEYS`, then value tokens.
-const VOCAB: usize = KEYS + VALUES;
+pub const VOCAB: usize = KEYS + VALUES;
 /// Positions of a sequence.
-const SEQ: usize = 2 * PAIRS + 1;
+pub const SEQ: usize = 2 * PAIRS + 1;
 
 /// A small deterministic generator (xorshift64*).
-struct Rng(u64);
+pub struct Rng(pub u64);
 
 impl Rng {
-    fn below(&mut self, n: usize) -> usize {
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -47,7 +54,7 @@ impl Rng {
 }
 
 /// One batch: tokens `[BATCH, SEQ]` and the answers `[BATCH]`.
-fn batch(rng: &mut Rng) -> (Vec<u32>, Vec<u32>) {
+pub fn batch(rng: &mut Rng) -> (Vec<u32>, Vec<u32>) {
     let (mut tokens, mut answers) = (Vec::new(), Vec::new());
     for _ in 0..BATCH {
         // Distinct keys, random values.
@@ -68,9 +75,38 @@ fn batch(rng: &mut Rng) -> (Vec<u32>, Vec<u32>) {
     (tokens, answers)
 }
 
-/// Trains for `steps` steps from `seed`; returns the loss of every step.
-/// `report` is called every 100 steps with (step, loss, accuracy).
-pub fn train(steps: usize, seed: u64, mut report: impl FnMut(usize, f32, f32)) -> Result<Vec<f32>> {
+/// The model: token and position embeddings, causal attention layers with
+/// residuals, a readout of the values at the last position.
+pub struct Model {
+    /// `[VOCAB, MODEL]`.
+    pub emb: Tensor,
+    /// `[SEQ, MODEL]`.
+    pub pos: Tensor,
+    /// The attention layers.
+    pub layers: Vec<MultiHeadAttention>,
+    /// `[VALUES, MODEL]`.
+    pub head: Tensor,
+}
+
+impl Model {
+    /// The embedded sequences of `tokens` (`[batch * SEQ]`): `[batch, SEQ,
+    /// MODEL]`.
+    pub fn embed(&self, tokens: &Tensor, batch: usize) -> Result<Tensor> {
+        self.emb
+            .index_select(tokens, 0)?
+            .reshape((batch, SEQ, MODEL))?
+            .broadcast_add(&self.pos)
+    }
+}
+
+/// Trains for `steps` steps from `seed`; returns the model and the loss of
+/// every step. `report` is called every 100 steps with (step, loss,
+/// accuracy).
+pub fn train(
+    steps: usize,
+    seed: u64,
+    mut report: impl FnMut(usize, f32, f32),
+) -> Result<(Model, Vec<f32>)> {
     let dev = Device::Cpu;
     let vars = VarMap::new();
     let vb = VarBuilder::from_varmap(&vars, DType::F32, &dev);
@@ -124,6 +160,12 @@ pub fn train(steps: usize, seed: u64, mut report: impl FnMut(usize, f32, f32)) -
             ..ParamsAdamW::default()
         },
     )?;
+    let model = Model {
+        emb,
+        pos,
+        layers,
+        head,
+    };
     let mut rng = Rng(seed.max(1));
     let seq = SEQ;
     let causal = AttnOptions::default().causal();
@@ -132,17 +174,14 @@ pub fn train(steps: usize, seed: u64, mut report: impl FnMut(usize, f32, f32)) -
         let (tokens, answers) = batch(&mut rng);
         let tokens = Tensor::from_vec(tokens, BATCH * seq, &dev)?;
         let answers = Tensor::from_vec(answers, BATCH, &dev)?;
-        let mut x = emb
-            .index_select(&tokens, 0)?
-            .reshape((BATCH, seq, MODEL))?
-            .broadcast_add(&pos)?;
+        let mut x = model.embed(&tokens, BATCH)?;
         // Causal attention layers (attn's fused op, differentiated by
         // attn-cpu) with residuals; the answer is read at the query.
-        for layer in &layers {
+        for layer in &model.layers {
             x = (layer.forward(&x, None, &causal)? + &x)?;
         }
         let last = x.narrow(1, seq - 1, 1)?.squeeze(1)?;
-        let logits = last.matmul(&head.t()?)?;
+        let logits = last.matmul(&model.head.t()?)?;
         let loss = candle_nn::loss::cross_entropy(&logits, &answers)?;
         opt.backward_step(&loss)?;
         let l = loss.to_scalar::<f32>()?;
@@ -153,7 +192,7 @@ pub fn train(steps: usize, seed: u64, mut report: impl FnMut(usize, f32, f32)) -
             report(step, l, right.to_scalar::<f32>()?);
         }
     }
-    Ok(losses)
+    Ok((model, losses))
 }
 
 fn main() -> Result<()> {

@@ -7,7 +7,7 @@ mod example;
 
 #[test]
 fn a_few_steps_lower_the_loss() {
-    let losses = example::train(150, 7, |_, _, _| {}).unwrap();
+    let (_, losses) = example::train(150, 7, |_, _, _| {}).unwrap();
     let mean = |s: &[f32]| s.iter().sum::<f32>() / s.len() as f32;
     let (first, last) = (mean(&losses[..10]), mean(&losses[130..]));
     eprintln!("loss: first 10 steps {first}, last 20 {last}");
