@@ -5,8 +5,8 @@
 use crate::op::{host_data, AttnOp, OpProblem};
 use crate::plain;
 use attn_spec::{
-    check_call, reference::check_linear, AttnError, Backend, BufferInfo, DType, HostData, Inputs,
-    Problem, Result, View,
+    check_call, check_linear, AttnError, Backend, BufferInfo, DType, HostData, Inputs, Problem,
+    Result, View,
 };
 use candle_core::{DType as CDType, Device, Tensor};
 use std::sync::Mutex;
@@ -205,7 +205,9 @@ impl Backend for CandleBackend {
         }
         Ok(())
     }
+}
 
+impl attn_spec::Linear for CandleBackend {
     fn linear(
         &self,
         x: &Tensor,

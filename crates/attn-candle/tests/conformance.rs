@@ -44,6 +44,8 @@ fn split_kv_decode_cases_on_both_engines() {
 fn bad_input_gives_typed_errors_on_both_engines() {
     errors::all(&CandleBackend::fused_cpu()).unwrap();
     errors::all(&CandleBackend::plain_cpu()).unwrap();
+    errors::layer(&CandleBackend::fused_cpu()).unwrap();
+    errors::layer(&CandleBackend::plain_cpu()).unwrap();
 }
 
 fn tensor(case_data: &attn_spec::HostData, dims: (usize, usize, usize, usize)) -> Tensor {

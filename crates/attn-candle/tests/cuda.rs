@@ -48,6 +48,7 @@ fn hand_computed_cases_and_bad_input_on_cuda() {
     hand::all(&b).unwrap();
     hand::split_kv(&b).unwrap();
     errors::all(&b).unwrap();
+    errors::layer(&b).unwrap();
 }
 
 /// The one-call API on CUDA tensors (the op's problem from the layouts):

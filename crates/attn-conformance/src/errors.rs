@@ -3,7 +3,7 @@
 //! input and the error variant (with the tensor or option) it must produce.
 
 use attn_spec::{
-    AttnError, AttnOptions, Backend, DType, HostData, Inputs, MhaConfig, MhaWeights,
+    AttnError, AttnOptions, Backend, DType, HostData, Inputs, Linear, MhaConfig, MhaWeights,
     MultiHeadAttention, Problem, Shape, View,
 };
 
@@ -367,7 +367,14 @@ pub fn all<B: Backend>(backend: &B) -> Result<(), String> {
         r => return Err(format!("missing lse buffer: {r:?}")),
     }
 
-    // linear and multi-head attention weights.
+    Ok(())
+}
+
+/// Bad operands of [`Linear::linear`] and bad multi-head attention
+/// weights are typed errors naming the tensor.
+pub fn layer<B: Linear>(backend: &B) -> Result<(), String> {
+    let up = |d: &HostData| backend.upload(d).map_err(|e| e.to_string());
+    let zeros = HostData::zeros;
     let w = up(&zeros(DType::F32, 6 * 4))?;
     let x = up(&zeros(DType::F32, 3 * 4))?;
     match backend.linear(&x, 3, &w, None, 4, 5) {

@@ -10,8 +10,8 @@ use attn_conformance::{case_params, check_case, errors, hand, run_suite, Case, O
 use attn_spec::dense::attend_dense;
 use attn_spec::reference::RefResult;
 use attn_spec::{
-    merge_states, AttentionMaps, AttnOptions, Backend, BufferInfo, DType, HostData, Inputs,
-    MapRequest, MhaConfig, MhaWeights, MultiHeadAttention, Problem, Reference, Shape, View,
+    merge_states, AttnOptions, Backend, BufferInfo, DType, HostData, Inputs, MapRequest, MhaConfig,
+    MhaWeights, MultiHeadAttention, Problem, Reference, Shape, View,
 };
 use proptest::prelude::*;
 
@@ -82,6 +82,7 @@ fn hand_computed_cases_pass_on_the_reference() {
 #[test]
 fn bad_input_gives_typed_errors_on_the_reference() {
     errors::all(&Reference).unwrap();
+    errors::layer(&Reference).unwrap();
 }
 
 /// A backend that computes with the wrong alignment, or drops the sink: the
@@ -127,17 +128,6 @@ impl Backend for Broken {
             p.options.sinks = None;
         }
         Reference.forward_into(&p, inputs, out, lse)
-    }
-    fn linear(
-        &self,
-        x: &HostData,
-        rows: usize,
-        w: &HostData,
-        b: Option<&HostData>,
-        i: usize,
-        o: usize,
-    ) -> attn_spec::Result<HostData> {
-        Reference.linear(x, rows, w, b, i, o)
     }
 }
 

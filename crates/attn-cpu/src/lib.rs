@@ -300,6 +300,9 @@ impl Backend for Cpu {
             _ => unreachable!("refused by supports()"),
         })
     }
+}
+
+impl attn_spec::Linear for Cpu {
     fn linear(
         &self,
         x: &HostData,
@@ -309,7 +312,7 @@ impl Backend for Cpu {
         in_features: usize,
         out_features: usize,
     ) -> Result<HostData> {
-        attn_spec::reference::check_linear(self, x, rows, w, bias, in_features, out_features)?;
+        attn_spec::check_linear(self, x, rows, w, bias, in_features, out_features)?;
         let threads = if self.single { 1 } else { self.threads() };
         Ok(self.install(true, || {
             linear::linear(x, rows, w, bias, in_features, out_features, threads)

@@ -52,6 +52,7 @@ fn hand_computed_cases() {
 #[test]
 fn bad_input_gives_typed_errors() {
     errors::all(&Cpu::new()).unwrap();
+    errors::layer(&Cpu::new()).unwrap();
 }
 
 /// Long key sequences take the split-KV paths (decode shapes: per head and

@@ -6,7 +6,7 @@
 use attn_conformance::rng::Rng;
 use attn_cpu::Cpu;
 use attn_spec::{
-    AttentionMaps, AttnOptions, Backend, DType, HostData, Inputs, MapRequest, MhaConfig,
+    AttentionMaps, AttnOptions, Backend, DType, HostData, Inputs, Linear, MapRequest, MhaConfig,
     MhaWeights, MultiHeadAttention, Problem, Reference, Shape,
 };
 

@@ -10,8 +10,8 @@ use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};
 use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
 use crate::{compile, libs};
 use attn_spec::{
-    check_buffers, check_call, reference::check_linear, AttnError, Backend, BufferInfo, Buffers,
-    DType, Element, HostData, Inputs, Problem, Result,
+    check_buffers, check_call, check_linear, AttnError, Backend, BufferInfo, Buffers, DType,
+    Element, HostData, Inputs, Problem, Result,
 };
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{
@@ -575,7 +575,9 @@ impl Backend for Cuda {
         // whose errors are not ours to report or clear).
         self.ctx.check_err().map_err(drv)
     }
+}
 
+impl attn_spec::Linear for Cuda {
     fn linear(
         &self,
         x: &CudaBuffer,

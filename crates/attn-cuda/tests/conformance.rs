@@ -100,6 +100,7 @@ fn hand_computed_cases() {
 fn bad_input_gives_typed_errors() {
     if let Some((tc, _)) = gpu() {
         errors::all(tc).unwrap();
+        errors::layer(tc).unwrap();
     }
 }
 

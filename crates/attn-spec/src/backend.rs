@@ -124,21 +124,6 @@ pub trait Backend {
         self.forward_into(problem, inputs, &mut out, lse.as_mut())?;
         Ok(Output { out, lse })
     }
-
-    /// A linear layer `y = x W^T + b` for multi-head attention projections:
-    /// `x` is `[rows, in_features]`, `w` is `[out_features, in_features]`
-    /// (PyTorch's `nn.Linear` layout), `b` is `[out_features]`; `y` is
-    /// `[rows, out_features]` in `x`'s element type, accumulated in f32 or
-    /// wider.
-    fn linear(
-        &self,
-        x: &Self::Buffer,
-        rows: usize,
-        w: &Self::Buffer,
-        bias: Option<&Self::Buffer>,
-        in_features: usize,
-        out_features: usize,
-    ) -> Result<Self::Buffer>;
 }
 
 /// A reference to a backend is a backend (so a layer can borrow one).
@@ -170,17 +155,6 @@ impl<B: Backend + ?Sized> Backend for &B {
         lse: Option<&mut Self::Buffer>,
     ) -> Result<()> {
         (**self).forward_into(problem, inputs, out, lse)
-    }
-    fn linear(
-        &self,
-        x: &Self::Buffer,
-        rows: usize,
-        w: &Self::Buffer,
-        bias: Option<&Self::Buffer>,
-        in_features: usize,
-        out_features: usize,
-    ) -> Result<Self::Buffer> {
-        (**self).linear(x, rows, w, bias, in_features, out_features)
     }
 }
 

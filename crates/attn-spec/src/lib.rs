@@ -39,6 +39,7 @@ pub mod dense;
 mod dtype;
 mod error;
 mod grad;
+mod linear;
 pub mod maps;
 mod mask;
 mod merge;
@@ -54,6 +55,7 @@ pub use error::{human_bytes, AttnError, Result};
 pub use grad::{
     check_backward_call, Backward, GradBuffers, GradInputs, GradOutputs, GradRequest, Grads,
 };
+pub use linear::{check_linear, Linear};
 pub use maps::{check_maps_call, AttentionMaps, MapLayout, MapRequest, Maps};
 pub use mask::{SeqMask, TileClass};
 pub use merge::merge_states;

@@ -9,6 +9,7 @@
 
 use crate::backend::{Backend, Inputs};
 use crate::error::{AttnError, Result};
+use crate::linear::Linear;
 use crate::maps::{AttentionMaps, MapRequest, Maps};
 use crate::options::AttnOptions;
 use crate::problem::{Problem, Shape};
@@ -156,7 +157,9 @@ impl<B: Backend> MultiHeadAttention<B> {
     pub fn backend(&self) -> &B {
         &self.backend
     }
+}
 
+impl<B: Linear> MultiHeadAttention<B> {
     /// Runs the layer. `x` is `[batch, q_len, model_dim]`; `kv` is `None`
     /// for self-attention or `Some((x_kv, kv_len))` with `x_kv` `[batch,
     /// kv_len, kv_model_dim]` for cross-attention. Returns `[batch, q_len,

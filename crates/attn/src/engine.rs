@@ -113,6 +113,9 @@ impl Backend for Engine {
     ) -> Result<()> {
         each!(self, b => b.forward_into(problem, inputs, out, lse))
     }
+}
+
+impl attn_spec::Linear for Engine {
     fn linear(
         &self,
         x: &HostData,

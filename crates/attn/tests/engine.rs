@@ -16,6 +16,7 @@ fn best_engine_passes_the_suite() {
         assert_eq!(engine.kind(), EngineKind::Cpu);
     }
     let report = attn_conformance::run_suite(&engine, 128).unwrap();
+    attn_conformance::errors::layer(&engine).unwrap();
     assert_eq!(report.passed + report.skipped, 128);
     assert_eq!(report.skipped, 0);
 }

@@ -10,7 +10,8 @@
 
 use crate::backend::{check_call, Backend, Inputs};
 use crate::dtype::{round_to, DType};
-use crate::error::{AttnError, Result};
+use crate::error::Result;
+use crate::linear::{check_linear, Linear};
 use crate::problem::{BufferInfo, Problem};
 use crate::tensor::HostData;
 use std::ops::{Add, Div, Mul, Neg, Sub};
@@ -309,6 +310,9 @@ impl Backend for Reference {
         store(problem, &r, out, lse);
         Ok(())
     }
+}
+
+impl Linear for Reference {
     fn linear(
         &self,
         x: &HostData,
@@ -331,62 +335,6 @@ impl Backend for Reference {
         }
         Ok(y)
     }
-}
-
-/// Validates the operands of [`Backend::linear`]: sizes, overflow, lengths
-/// and element types (all of `x`'s type).
-pub fn check_linear<B: Backend + ?Sized>(
-    backend: &B,
-    x: &B::Buffer,
-    rows: usize,
-    w: &B::Buffer,
-    bias: Option<&B::Buffer>,
-    in_features: usize,
-    out_features: usize,
-) -> Result<()> {
-    for (what, v) in [("in_features", in_features), ("out_features", out_features)] {
-        if v == 0 {
-            return Err(AttnError::ZeroSize { what });
-        }
-    }
-    let over = |what| AttnError::Overflow { what };
-    let xi = backend.info(x);
-    let want = [
-        (
-            "x",
-            xi,
-            rows.checked_mul(in_features)
-                .ok_or(over("rows * in_features"))?,
-        ),
-        (
-            "weight",
-            backend.info(w),
-            out_features
-                .checked_mul(in_features)
-                .ok_or(over("out_features * in_features"))?,
-        ),
-    ];
-    let b = bias.map(|b| ("bias", backend.info(b), out_features));
-    rows.checked_mul(out_features)
-        .ok_or(over("rows * out_features"))?;
-    for (tensor, info, len) in want.into_iter().chain(b) {
-        if !xi.dtype.is_float() || info.dtype != xi.dtype {
-            return Err(AttnError::DType {
-                tensor,
-                expected: format!("{} (x's float type)", xi.dtype),
-                got: info.dtype,
-            });
-        }
-        if info.len != len {
-            return Err(AttnError::Shape {
-                tensor,
-                axis: "elements",
-                expected: len,
-                got: info.len,
-            });
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
