@@ -51,9 +51,17 @@ fn main() -> Result<()> {
         )
     })?;
 
-    // One fresh sequence: k v k v ... then a key again.
+    // A fresh sequence (k v k v ... then a key again): of a batch, the one
+    // whose asked key comes earliest, so the answer is far from the query.
     let (tokens, answers) = recall::batch(&mut recall::Rng(2026));
-    let seq: Vec<u32> = tokens[..SEQ].to_vec();
+    let asked_at = |s: usize| {
+        let seq = &tokens[s * SEQ..(s + 1) * SEQ];
+        (0..SEQ - 1).step_by(2).find(|&p| seq[p] == seq[SEQ - 1])
+    };
+    let pick = (0..recall::BATCH)
+        .min_by_key(|&s| asked_at(s).unwrap_or(SEQ))
+        .expect("a batch");
+    let seq: Vec<u32> = tokens[pick * SEQ..(pick + 1) * SEQ].to_vec();
     let label = |t: u32| {
         let t = t as usize;
         if t < KEYS {
@@ -74,7 +82,7 @@ fn main() -> Result<()> {
     println!(
         "sequence: {}  (answer: v{} at position {answer_pos})",
         labels.join(" "),
-        answers[0]
+        answers[pick]
     );
 
     let causal = AttnOptions::default().causal();
