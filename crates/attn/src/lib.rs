@@ -12,9 +12,12 @@
 //! | (always) | [`Reference`]: the f64 oracle, every option, slow | nothing |
 //! | `cpu` (default) | `attn-cpu`: SIMD, tiled, multi-threaded | nothing |
 //! | `cuda` | `attn::cuda` (crate `attn-cuda`): NVRTC-compiled GPU kernels, buffers on the device | at run time: the NVIDIA driver and NVRTC (errors, not panics, without them) |
+//! | `candle` | `attn::candle` (crate `attn-candle`): attn on candle tensors, with autograd | nothing (candle's CUDA tensors: attn-candle's own `cuda` feature and the CUDA toolkit) |
 //!
 //! [`Engine::best`] picks the fastest backend compiled in that answers on
-//! this machine, and [`Engine::kind`] says which one runs. With
+//! this machine (the GPU first with `cuda`, when a device answers), and
+//! [`Engine::pick`] says which one and why the faster ones were passed
+//! over. With
 //! `--no-default-features` the reference alone is compiled, and everything
 //! still computes.
 //!
@@ -50,6 +53,11 @@ pub use engine::{Engine, EngineKind};
 #[cfg(feature = "cuda")]
 pub use attn_cuda as cuda;
 
+/// attn on candle tensors (`attn::candle::attention`, the candle
+/// `MultiHeadAttention`, `CandleBackend`).
+#[cfg(feature = "candle")]
+pub use attn_candle as candle;
+
 /// The CPU backend's crate (`attn::cpu::Cpu`, its SIMD levels
 /// `attn::cpu::Isa`).
 #[cfg(feature = "cpu")]
@@ -57,7 +65,11 @@ pub use attn_cpu as cpu;
 
 /// Attention on host slices in the default `[batch, seq, heads, dim]`
 /// layout, on the best backend compiled in. Returns the output
-/// `[batch, q_len, q_heads, head_dim_v]` in `T`.
+/// `[batch, q_len, q_heads, head_dim_v]` in `T`. The backend is the
+/// fastest compiled in that runs here and computes this problem (f64:
+/// the reference). On the CPU backend Q, K and V are read where they are
+/// (no copy); the reference and the GPU take a host copy of them (the GPU
+/// then uploads it).
 pub fn attend<T: Element + HostElement>(
     shape: Shape,
     q: &[T],
@@ -65,8 +77,15 @@ pub fn attend<T: Element + HostElement>(
     v: &[T],
     options: &AttnOptions,
 ) -> Result<Vec<T>> {
-    let engine = Engine::best();
     let problem = Problem::new(shape, T::DTYPE).with_options(options.clone());
+    let engine = EngineKind::compiled()
+        .into_iter()
+        .filter_map(|k| Engine::of(k).ok())
+        .find(|e| e.supports(&problem).is_ok())
+        .unwrap_or(Engine::Reference(Reference));
+    if let Some(r) = T::on_cpu(&engine, &problem, (q, k, v)) {
+        return r;
+    }
     let (q, k, v) = (T::wrap(q), T::wrap(k), T::wrap(v));
     let o = engine.forward(&problem, Inputs::new(&q, &k, &v))?;
     T::unwrap(o.out).ok_or_else(|| AttnError::Backend {
@@ -81,10 +100,17 @@ pub trait HostElement: Sized {
     fn wrap(x: &[Self]) -> HostData;
     /// Takes the vector back out (`None` for another element type).
     fn unwrap(d: HostData) -> Option<Vec<Self>>;
+    /// Runs `problem` on the caller's slices when `engine` is attn-cpu
+    /// and it computes on this type (`None` otherwise).
+    fn on_cpu(
+        engine: &Engine,
+        problem: &Problem,
+        qkv: (&[Self], &[Self], &[Self]),
+    ) -> Option<Result<Vec<Self>>>;
 }
 
 macro_rules! host_element {
-    ($t:ty, $v:ident) => {
+    ($t:ty, $v:ident, $cpu:tt) => {
         impl HostElement for $t {
             fn wrap(x: &[Self]) -> HostData {
                 HostData::$v(x.to_vec())
@@ -95,10 +121,36 @@ macro_rules! host_element {
                     _ => None,
                 }
             }
+            #[allow(unused_variables)] // without `cpu` (or for f64) nothing runs here
+            fn on_cpu(
+                engine: &Engine,
+                problem: &Problem,
+                qkv: (&[Self], &[Self], &[Self]),
+            ) -> Option<Result<Vec<Self>>> {
+                host_element!(@cpu $cpu, $t, engine, problem, qkv)
+            }
         }
     };
+    (@cpu yes, $t:ty, $engine:ident, $problem:ident, $qkv:ident) => {{
+        #[cfg(feature = "cpu")]
+        if let Engine::Cpu(c) = $engine {
+            let run = || -> Result<Vec<$t>> {
+                $problem.validate()?;
+                let n = $problem.out.extent().unwrap_or(0);
+                let zero = <$t as Element>::from_f32(0.0);
+                let mut out = vec![zero; n];
+                c.forward_slices($problem, $qkv, (None, None), &mut out, None)?;
+                Ok(out)
+            };
+            return Some(run());
+        }
+        None
+    }};
+    (@cpu no, $t:ty, $engine:ident, $problem:ident, $qkv:ident) => {
+        None
+    };
 }
-host_element!(f32, F32);
-host_element!(f16, F16);
-host_element!(bf16, Bf16);
-host_element!(f64, F64);
+host_element!(f32, F32, yes);
+host_element!(f16, F16, yes);
+host_element!(bf16, Bf16, yes);
+host_element!(f64, F64, no);
