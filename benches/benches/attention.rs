@@ -14,13 +14,16 @@ use attn_benches::{backward_inputs, bench_id, has_backward, BenchEnv, CPU_BACKWA
 use attn_spec::{Backward, GradInputs, GradOutputs};
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn engine(kind: EngineKind, threads: usize) -> Option<Engine> {
     match kind {
         EngineKind::Cpu => attn_cpu::Cpu::with_threads(threads).ok().map(Engine::Cpu),
         // The reference is single-threaded: time it once, as t1.
         EngineKind::Reference => (threads == 1).then(|| Engine::of(kind).ok()).flatten(),
+        // The GPU is timed with its buffers on the device (attn-cuda's
+        // gpu_bench), not through the host-data engine.
+        EngineKind::Cuda => None,
     }
 }
 
@@ -59,7 +62,11 @@ fn attention(c: &mut Criterion) {
         } else {
             0
         };
-    let mut done = 0;
+    let mut progress = Progress {
+        start: Instant::now(),
+        done: 0,
+        total,
+    };
     for kind in EngineKind::compiled() {
         for &threads in &env.threads {
             let Some(engine) = engine(kind, threads) else {
@@ -72,12 +79,11 @@ fn attention(c: &mut Criterion) {
                 if kind == EngineKind::Reference && !case.small {
                     continue;
                 }
-                done += 1;
-                eprintln!(
-                    "[bench {done}/{total}] {} {} on {threads} thread(s)",
+                progress.next(format!(
+                    "{} {} on {threads} thread(s)",
                     engine.name(),
                     case.name
-                );
+                ));
                 let problem = case.problem();
                 let [q, k, v] = case.data();
                 let up = |d| engine.upload(d).expect("upload");
@@ -100,13 +106,42 @@ fn attention(c: &mut Criterion) {
             }
         }
     }
-    backward(c, &env, &mut done, total);
-    candle(c, &env, &mut done, total);
+    backward(c, &env, &mut progress);
+    candle(c, &env, &mut progress);
+}
+
+/// The progress line before each timed case: its number, the time so far
+/// and an estimate of the time left (the mean time per case so far, times
+/// the cases left).
+struct Progress {
+    start: Instant,
+    done: usize,
+    total: usize,
+}
+
+impl Progress {
+    fn next(&mut self, what: String) {
+        let elapsed = self.start.elapsed().as_secs_f64();
+        let mmss = |s: f64| format!("{}:{:02}", (s / 60.0) as u64, (s % 60.0) as u64);
+        let left = if self.done == 0 {
+            "estimating the time left".to_string()
+        } else {
+            let per = elapsed / self.done as f64;
+            format!("about {} left", mmss(per * (self.total - self.done) as f64))
+        };
+        self.done += 1;
+        eprintln!(
+            "[bench {}/{}, {} elapsed, {left}] {what}",
+            self.done,
+            self.total,
+            mmss(elapsed)
+        );
+    }
 }
 
 /// attn-cpu's backward pass on the prefill cases (gradients of Q, K, V
 /// into buffers allocated once), from attn-cpu's own forward results.
-fn backward(c: &mut Criterion, env: &BenchEnv, done: &mut usize, total: usize) {
+fn backward(c: &mut Criterion, env: &BenchEnv, progress: &mut Progress) {
     if !env.wants_backend(CPU_BACKWARD) {
         return;
     }
@@ -118,11 +153,10 @@ fn backward(c: &mut Criterion, env: &BenchEnv, done: &mut usize, total: usize) {
             .iter()
             .filter(|c| env.wants_case(c) && has_backward(c))
         {
-            *done += 1;
-            eprintln!(
-                "[bench {done}/{total}] {CPU_BACKWARD} {} on {threads} thread(s)",
+            progress.next(format!(
+                "{CPU_BACKWARD} {} on {threads} thread(s)",
                 case.name
-            );
+            ));
             let data = case.data();
             let (p, [out, lse, d_out]) = backward_inputs(case, &data);
             let z = |v: &attn::View| {
@@ -158,7 +192,7 @@ fn backward(c: &mut Criterion, env: &BenchEnv, done: &mut usize, total: usize) {
 
 /// The candle backends and baselines, each inside a pool of the thread
 /// count (candle's CPU kernels and attn's run on the current rayon pool).
-fn candle(c: &mut Criterion, env: &BenchEnv, done: &mut usize, total: usize) {
+fn candle(c: &mut Criterion, env: &BenchEnv, progress: &mut Progress) {
     for kind in CandleKind::ALL {
         if !env.wants_backend(kind.name()) {
             continue;
@@ -172,12 +206,11 @@ fn candle(c: &mut Criterion, env: &BenchEnv, done: &mut usize, total: usize) {
                 .iter()
                 .filter(|c| env.wants_case(c) && kind.applies(c))
             {
-                *done += 1;
-                eprintln!(
-                    "[bench {done}/{total}] {} {} on {threads} thread(s)",
+                progress.next(format!(
+                    "{} {} on {threads} thread(s)",
                     kind.name(),
                     case.name
-                );
+                ));
                 let Ok(mut run) = kind.prepare(case) else {
                     continue;
                 };

@@ -30,8 +30,21 @@ pub struct BenchCase {
     pub dtype: DType,
     /// Small enough for the f64 reference to be timed.
     pub small: bool,
-    /// Part of the `--quick` subset.
-    pub quick: bool,
+    /// The smallest run of `cargo xtask bench` that times it.
+    pub tier: Tier,
+}
+
+/// Which runs of `cargo xtask bench` time a case: `--quick` the `Quick`
+/// cases, the default run `Quick` and `Default` (a representative suite
+/// in about five minutes on two cores), `--full` every case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tier {
+    /// The CI smoke run.
+    Quick,
+    /// The default run.
+    Default,
+    /// Only `--full`.
+    Full,
 }
 
 const fn case(
@@ -41,7 +54,7 @@ const fn case(
     mask: MaskKind,
     dtype: DType,
     small: bool,
-    quick: bool,
+    tier: Tier,
 ) -> BenchCase {
     BenchCase {
         name,
@@ -54,7 +67,7 @@ const fn case(
         mask,
         dtype,
         small,
-        quick,
+        tier,
     }
 }
 
@@ -64,13 +77,17 @@ const SLIDING: MaskKind = MaskKind::Window {
     left: Some(1023),
     right: Some(0),
 };
+const QUICK: Tier = Tier::Quick;
+const STD: Tier = Tier::Default;
+const FULL: Tier = Tier::Full;
 const F32: DType = DType::F32;
 const F16: DType = DType::F16;
 const BF16: DType = DType::Bf16;
 
 /// The standard suite, one row per case: name, (batch, q heads, kv heads),
 /// (q_len, kv_len, head dim), mask, dtype, small (the f64 reference is timed
-/// and used as the check only on small cases), quick (part of `--quick`).
+/// and used as the check only on small cases), tier (the smallest run that
+/// times it: [`Tier`]).
 pub const SUITE: &[BenchCase] = &[
     case(
         "tiny/s64-d32",
@@ -79,7 +96,7 @@ pub const SUITE: &[BenchCase] = &[
         NONE,
         F32,
         true,
-        true,
+        QUICK,
     ),
     case(
         "tiny/s128-d64-causal",
@@ -88,7 +105,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         true,
-        true,
+        QUICK,
     ),
     case(
         "prefill/s512-d64",
@@ -97,7 +114,7 @@ pub const SUITE: &[BenchCase] = &[
         NONE,
         F32,
         false,
-        true,
+        QUICK,
     ),
     case(
         "prefill/s512-d64-causal",
@@ -106,7 +123,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         false,
-        false,
+        STD,
     ),
     case(
         "prefill/s512-d128",
@@ -115,7 +132,7 @@ pub const SUITE: &[BenchCase] = &[
         NONE,
         F32,
         false,
-        false,
+        FULL,
     ),
     case(
         "prefill/s512-d128-causal",
@@ -124,7 +141,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         false,
-        false,
+        FULL,
     ),
     case(
         "prefill/s2048-d64-causal",
@@ -133,7 +150,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         false,
-        false,
+        FULL,
     ),
     case(
         "prefill/s2048-d128",
@@ -142,7 +159,7 @@ pub const SUITE: &[BenchCase] = &[
         NONE,
         F32,
         false,
-        false,
+        FULL,
     ),
     case(
         "prefill/s2048-d128-causal",
@@ -151,7 +168,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         false,
-        true,
+        QUICK,
     ),
     case(
         "prefill/s8192-d128-causal",
@@ -160,7 +177,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         false,
-        false,
+        FULL,
     ),
     case(
         "prefill/s2048-d128-causal-f16",
@@ -169,7 +186,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F16,
         false,
-        false,
+        FULL,
     ),
     case(
         "prefill/s2048-d128-causal-bf16",
@@ -178,7 +195,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         BF16,
         false,
-        false,
+        STD,
     ),
     case(
         "sliding/s4096-w1024-d128",
@@ -187,7 +204,7 @@ pub const SUITE: &[BenchCase] = &[
         SLIDING,
         F32,
         false,
-        false,
+        STD,
     ),
     case(
         "cross/q256-kv1500-d64",
@@ -196,7 +213,7 @@ pub const SUITE: &[BenchCase] = &[
         NONE,
         F32,
         false,
-        false,
+        FULL,
     ),
     case(
         "encoder/b8-h12-s256-d64",
@@ -205,7 +222,7 @@ pub const SUITE: &[BenchCase] = &[
         NONE,
         F32,
         false,
-        false,
+        STD,
     ),
     case(
         "decode/gqa32:8-kv4096-d128",
@@ -214,7 +231,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         false,
-        true,
+        QUICK,
     ),
     case(
         "decode/gqa32:8-kv16384-d128",
@@ -223,7 +240,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         false,
-        false,
+        FULL,
     ),
     case(
         "decode/gqa32:8-kv32768-d128",
@@ -232,7 +249,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         false,
-        false,
+        FULL,
     ),
     case(
         "decode/gqa32:8-kv32768-d128-bf16",
@@ -241,7 +258,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         BF16,
         false,
-        false,
+        STD,
     ),
 ];
 
@@ -254,7 +271,7 @@ pub const MEMORY_CASE: BenchCase = case(
     CAUSAL,
     F32,
     false,
-    false,
+    FULL,
 );
 
 impl BenchCase {

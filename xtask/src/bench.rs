@@ -6,17 +6,17 @@
 
 use crate::machine::{measure, Machine};
 use crate::report::{fmt_time, Record};
-use crate::{charts, check, report, root, target_dir, torch};
+use crate::{charts, check, ort, report, root, target_dir, torch};
 use attn::{Engine, EngineKind};
 use attn_benches::candle_backends::CandleKind;
-use attn_benches::{bench_id, has_backward, BenchCase, CPU_BACKWARD, MEMORY_CASE, SUITE};
+use attn_benches::{bench_id, has_backward, BenchCase, Tier, CPU_BACKWARD, MEMORY_CASE, SUITE};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 
 struct Opts {
-    quick: bool,
+    tier: Tier,
     cases: Vec<String>,
     backends: Vec<String>,
     threads: Vec<usize>,
@@ -25,7 +25,7 @@ struct Opts {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
-        quick: false,
+        tier: Tier::Default,
         cases: vec![],
         backends: vec![],
         threads: vec![],
@@ -35,7 +35,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     while let Some(a) = it.next() {
         let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
         match a.as_str() {
-            "--quick" => o.quick = true,
+            "--quick" => o.tier = Tier::Quick,
+            "--full" => o.tier = Tier::Full,
             "--case" => o.cases.push(val()?),
             "--backend" => o.backends.push(val()?),
             "--threads" => o
@@ -56,6 +57,9 @@ fn engine(kind: EngineKind, threads: usize) -> Option<Engine> {
     match kind {
         EngineKind::Cpu => attn_cpu::Cpu::with_threads(threads).ok().map(Engine::Cpu),
         EngineKind::Reference => Engine::of(kind).ok(),
+        // The GPU is timed with its buffers on the device (`gpu-check`),
+        // not through the host-data engine.
+        EngineKind::Cuda => None,
     }
 }
 
@@ -91,11 +95,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "machine: {} cores, FMA peak {:.1} GFLOP/s/core ({:.1} all), bandwidth {:.1} / {:.1} GB/s triad, {:.1} / {:.1} read, SIMD {} (CPU's widest {})",
         m.cores, m.peak_1, m.peak_all, m.bw_1, m.bw_all, m.read.0, m.read.1, crate::machine::simd_level(), attn_cpu::Isa::detected()
     );
+    // Named cases run whatever their tier; otherwise the run's tier.
     let cases: Vec<&BenchCase> = SUITE
         .iter()
         .filter(|c| {
-            (!o.quick || c.quick) && (o.cases.is_empty() || o.cases.iter().any(|n| n == c.name))
+            if o.cases.is_empty() {
+                c.tier <= o.tier
+            } else {
+                o.cases.iter().any(|n| n == c.name)
+            }
         })
+        .collect();
+    let left_out: Vec<&str> = SUITE
+        .iter()
+        .filter(|c| !cases.iter().any(|k| k.name == c.name))
+        .map(|c| c.name)
         .collect();
     let mut threads = if o.threads.is_empty() {
         vec![1, m.cores]
@@ -195,7 +209,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     // 2. Timing with criterion.
-    let secs = if o.quick { 0.5 } else { 2.0 };
+    let secs = match o.tier {
+        Tier::Quick => 0.5,
+        Tier::Default => 1.0,
+        Tier::Full => 2.0,
+    };
     let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
     let mut backend_names: Vec<String> = kinds
         .iter()
@@ -305,15 +323,66 @@ pub fn run(args: &[String]) -> Result<(), String> {
             notes.push(format!("PyTorch baseline skipped: {why}"));
         }
     }
+    // 3b. ONNX Runtime's CPU attention operators, same shapes and threads.
+    match ort::available() {
+        Ok(version) => {
+            println!("timing ONNX Runtime {version} attention operators ...");
+            notes.push(format!("baseline: ONNX Runtime {version} on its CPU execution provider, one-node models: `ort-attention` the standard Attention op of opset 23 ([batch, heads, seq, dim], GQA by head counts), `ort-mha` com.microsoft MultiHeadAttention (equal query and key/value heads); square causal masks as the ops' own flags, other windows as a boolean mask or an additive bias; median of up to 10 runs. com.microsoft GroupQueryAttention is left out: it reads keys as a key/value cache with per-sequence lengths, a different computation to time"));
+            let scratch = target_dir().join("attn-bench-ort");
+            let _ = std::fs::create_dir_all(&scratch);
+            match ort::run(&cases, &threads, secs, &scratch) {
+                Ok((times, refused)) => {
+                    for t in times {
+                        let Some(case) = cases.iter().find(|c| c.name == t.case) else {
+                            continue;
+                        };
+                        records.push(Record {
+                            backend: t.op,
+                            case: (*case).clone(),
+                            threads: t.threads,
+                            median: t.median,
+                            spread: (t.min, t.max),
+                            checked: false,
+                            check_note: "baseline: not checked".into(),
+                        });
+                    }
+                    for r in refused {
+                        notes.push(format!("ONNX Runtime left out: {r}"));
+                    }
+                }
+                Err(e) => notes.push(format!("ONNX Runtime baseline failed: {e}")),
+            }
+        }
+        Err(why) => {
+            println!("skipping the ONNX Runtime baseline: {why}");
+            notes.push(format!("ONNX Runtime baseline skipped: {why}"));
+        }
+    }
     notes.push("candle: `candle-attn` is attn's fused kernel on candle tensors (attn-candle), `candle-plain` the plain candle composition (matmul, scale, mask, softmax, matmul; only where the score matrix fits in 256 MiB), `candle-nn-flash` candle-nn 0.11's fused CPU attention (`candle_nn::attention::flash_attn`; windows as an additive mask, batch 1 only)".into());
 
     // 4. The long-context memory case (full runs only).
-    let memory =
-        if !o.quick && (o.cases.is_empty() || o.cases.iter().any(|c| c == MEMORY_CASE.name)) {
-            memory_case(&m)
-        } else {
-            None
+    let memory = if (o.tier == Tier::Full && o.cases.is_empty())
+        || o.cases.iter().any(|c| c == MEMORY_CASE.name)
+    {
+        memory_case(&m)
+    } else {
+        None
+    };
+    if !left_out.is_empty() {
+        let run = match o.tier {
+            Tier::Quick => "this --quick run",
+            Tier::Default => {
+                "this default run (a representative suite of about five minutes on two cores)"
+            }
+            Tier::Full => "this run",
         };
+        notes.push(format!(
+            "{run} left out {} of the suite's {} cases: {}; `cargo xtask bench --full` times them all (about 40 minutes on two cores) and the long-context memory case, `--case NAME` any one of them",
+            left_out.len(),
+            SUITE.len(),
+            left_out.join(", ")
+        ));
+    }
 
     // 5. Report and charts.
     let md = report::write(&out, &m, &records, &notes, memory.as_ref())?;
@@ -371,7 +440,8 @@ fn summary(m: &Machine, records: &[Record]) {
             100.0 * r.gflops() / m.peak(r.threads),
             if r.checked {
                 "yes"
-            } else if r.backend.starts_with("torch-sdpa") || r.check_note.starts_with("not checked")
+            } else if r.check_note.starts_with("baseline")
+                || r.check_note.starts_with("not checked")
             {
                 "-"
             } else {

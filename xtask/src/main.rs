@@ -12,6 +12,7 @@ mod fuzz;
 mod gpu_check;
 mod machine;
 mod memcheck;
+mod ort;
 mod report;
 mod soak;
 mod torch;
@@ -24,9 +25,14 @@ const USAGE: &str = "usage: cargo xtask <task> [options]
 tasks:
   bench    measure the machine, check and benchmark every backend compiled in,
            compare with baselines, write target/attn-bench/report.{json,md} and charts
+           (default: a representative suite, about 5 minutes on 2 cores after the build,
+           with a progress line and the time left per timed case)
+           --full             every case of the suite and the long-context memory case
+                              (about 40 minutes on 2 cores)
            --quick            a small subset with short measurements (about 2 minutes)
            --case NAME        only this case (repeatable; see benches/src/lib.rs)
-           --backend NAME     only this backend (repeatable: cpu, reference)
+           --backend NAME     only this backend (repeatable: cpu, cpu-bwd, reference,
+                              candle-attn, candle-plain, candle-nn-flash)
            --threads N        only this thread count (repeatable; default 1 and all cores)
            --out DIR          write the report to DIR instead of target/attn-bench
   test     the whole test suite: installs NVRTC and ptxas (PyPI wheels, into a virtualenv
