@@ -43,10 +43,34 @@ impl CandleKind {
         }
     }
 
+    /// Why this baseline is not timed on `case` although it could run it:
+    /// it would take minutes (`None`: no cap). candle-nn's CPU flash
+    /// kernel on the 8192-token prefill took about a quarter of a whole
+    /// 37-minute run on two cores.
+    pub fn capped(self, c: &BenchCase) -> Option<&'static str> {
+        match self {
+            CandleKind::CandleNnFlash if !c.is_decode() && c.q_len.max(c.kv_len) > 4096 => {
+                Some("candle-nn's CPU flash kernel takes minutes per case at this length")
+            }
+            CandleKind::CandleNnFlash
+                if matches!(c.mask, MaskKind::Window { .. }) && c.q_len * c.kv_len > 2048 * 2048 =>
+            {
+                Some("candle-nn's CPU flash kernel takes a window as an additive mask over the whole score matrix: 40 s on one thread and 19 s on two at 4096 tokens")
+            }
+            CandleKind::CandleNnFlash if !c.is_decode() && c.dtype == DType::Bf16 => Some(
+                "candle-nn's CPU flash kernel took 12 s per call on bf16 at 2048 tokens (2.5 minutes a thread count)",
+            ),
+            _ => None,
+        }
+    }
+
     /// Whether this backend runs `case` (the plain composition materialises
     /// the score matrix: at most 256 MiB of it; candle-nn's kernel takes
-    /// only some masks and types per batch size).
+    /// only some masks and types per batch size; not where [`Self::capped`]).
     pub fn applies(self, c: &BenchCase) -> bool {
+        if self.capped(c).is_some() {
+            return false;
+        }
         match self {
             CandleKind::Fused => true,
             CandleKind::Plain => c.batch * c.q_heads * c.q_len * c.kv_len * 4 <= 256 << 20,

@@ -240,7 +240,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         F32,
         false,
-        FULL,
+        STD,
     ),
     case(
         "decode/gqa32:8-kv32768-d128",
@@ -258,7 +258,7 @@ pub const SUITE: &[BenchCase] = &[
         CAUSAL,
         BF16,
         false,
-        STD,
+        FULL,
     ),
 ];
 

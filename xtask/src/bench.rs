@@ -119,6 +119,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     threads.dedup();
     let kinds: Vec<EngineKind> = EngineKind::compiled()
         .into_iter()
+        .filter(|k| engine(*k, 1).is_some())
         .filter(|k| {
             let name = engine(*k, 1)
                 .map(|e| attn::Backend::name(&e))
@@ -160,6 +161,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .into_iter()
         .filter(|k| o.backends.is_empty() || o.backends.iter().any(|b| b == k.name()))
         .collect();
+    for k in &candle_kinds {
+        for c in &cases {
+            if let Some(why) = k.capped(c) {
+                notes.push(format!("{} not timed on {}: {why}", k.name(), c.name));
+            }
+        }
+    }
     let cjobs: Vec<(CandleKind, &BenchCase)> = candle_kinds
         .iter()
         .flat_map(|&k| {
@@ -211,7 +219,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // 2. Timing with criterion.
     let secs = match o.tier {
         Tier::Quick => 0.5,
-        Tier::Default => 1.0,
+        Tier::Default => 0.5,
         Tier::Full => 2.0,
     };
     let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
@@ -377,7 +385,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Tier::Full => "this run",
         };
         notes.push(format!(
-            "{run} left out {} of the suite's {} cases: {}; `cargo xtask bench --full` times them all (about 40 minutes on two cores) and the long-context memory case, `--case NAME` any one of them",
+            "{run} left out {} of the suite's {} cases: {}; `cargo xtask bench --full` times them all (over half an hour on two cores) and the long-context memory case, `--case NAME` any one of them",
             left_out.len(),
             SUITE.len(),
             left_out.join(", ")

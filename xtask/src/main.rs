@@ -28,7 +28,7 @@ tasks:
            (default: a representative suite, about 5 minutes on 2 cores after the build,
            with a progress line and the time left per timed case)
            --full             every case of the suite and the long-context memory case
-                              (about 40 minutes on 2 cores)
+                              (over half an hour on 2 cores)
            --quick            a small subset with short measurements (about 2 minutes)
            --case NAME        only this case (repeatable; see benches/src/lib.rs)
            --backend NAME     only this backend (repeatable: cpu, cpu-bwd, reference,
