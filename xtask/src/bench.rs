@@ -335,7 +335,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     match ort::available() {
         Ok(version) => {
             println!("timing ONNX Runtime {version} attention operators ...");
-            notes.push(format!("baseline: ONNX Runtime {version} on its CPU execution provider, one-node models: `ort-attention` the standard Attention op of opset 23 ([batch, heads, seq, dim], GQA by head counts), `ort-mha` com.microsoft MultiHeadAttention (equal query and key/value heads); square causal masks as the ops' own flags, other windows as a boolean mask or an additive bias; median of up to 10 runs. com.microsoft GroupQueryAttention is left out: it reads keys as a key/value cache with per-sequence lengths, a different computation to time"));
+            notes.push(format!("baseline: ONNX Runtime {version} on its CPU execution provider, one-node models: `ort-attention` the standard Attention op of opset 23 ([batch, heads, seq, dim], GQA by head counts), `ort-mha` com.microsoft MultiHeadAttention (equal query and key/value heads), `ort-gqa` com.microsoft GroupQueryAttention (causal and left-window cases only; the keys before the last q_len as its past cache, which it also copies into its grown cache); square causal masks as the ops' own flags, other windows as a boolean mask, an additive bias or GQA's local window; median of up to 10 runs"));
             let scratch = target_dir().join("attn-bench-ort");
             let _ = std::fs::create_dir_all(&scratch);
             match ort::run(&cases, &threads, secs, &scratch) {

@@ -11,13 +11,19 @@
 //! - `ort-mha`: `com.microsoft` `MultiHeadAttention` (`[batch, seq,
 //!   heads * dim]` inputs), where query and key/value heads are equal,
 //!   `unidirectional` for square causal masks, an additive
-//!   `attention_bias` for the others.
+//!   `attention_bias` for the others;
+//! - `ort-gqa`: `com.microsoft` `GroupQueryAttention`, on the causal and
+//!   left-window cases only (it is causal by construction): the keys
+//!   before the last `q_len` are its past key/value cache, the last
+//!   `q_len` the new ones, a window is `local_window_size = left + 1`. It
+//!   also writes the grown cache (a copy of K and V), as it does when
+//!   decoding.
 //!
-//! `com.microsoft` `GroupQueryAttention` is left out: it takes its keys
-//! as a key/value cache with per-sequence lengths, which times a different
-//! computation than the others. A case an operator refuses (ORT's CPU
-//! kernels do not all take f16 or bf16) is left out with the error in the
-//! report's notes.
+//! Each operator's output was checked against an f64 numpy attention on
+//! small shapes of every mask kind it takes (square and non-square causal,
+//! windows, decode with GQA) when this baseline was written. A case an
+//! operator refuses (numpy has no bf16) is left out with the reason in
+//! the report's notes.
 
 use attn_benches::BenchCase;
 use attn_spec::DType;
@@ -101,8 +107,35 @@ def contrib_mha(c, rng):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     return m.SerializeToString(), feeds
 
+def contrib_gqa(c, rng):
+    # Causal by construction: only causal masks and left windows.
+    if c["right"] != 0:
+        return None
+    t, nt = ONNX[c["dtype"]], NP[c["dtype"]]
+    b, hq, hk, sq, sk, d = c["b"], c["hq"], c["hkv"], c["sq"], c["sk"], c["d"]
+    past = sk - sq
+    feeds = {"q": (rng.random((b, sq, hq * d)) * 2 - 1).astype(nt),
+             "k": (rng.random((b, sq, hk * d)) * 2 - 1).astype(nt),
+             "v": (rng.random((b, sq, hk * d)) * 2 - 1).astype(nt),
+             "pk": (rng.random((b, hk, past, d)) * 2 - 1).astype(nt),
+             "pv": (rng.random((b, hk, past, d)) * 2 - 1).astype(nt),
+             "seqlens_k": np.full((b,), sk - 1, dtype=np.int32),
+             "total": np.array(sk, dtype=np.int32)}
+    ins = [helper.make_tensor_value_info(n, t, list(feeds[n].shape)) for n in ("q", "k", "v", "pk", "pv")]
+    ins += [helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [b]),
+            helper.make_tensor_value_info("total", TensorProto.INT32, [])]
+    attrs = {"num_heads": hq, "kv_num_heads": hk}
+    if c["left"] is not None:
+        attrs["local_window_size"] = c["left"] + 1
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "seqlens_k", "total"],
+                            ["o", "pko", "pvo"], domain="com.microsoft", **attrs)
+    outs = [helper.make_tensor_value_info(n, t, None) for n in ("o", "pko", "pvo")]
+    g = helper.make_graph([node], "gqa", ins, outs)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return m.SerializeToString(), feeds
+
 for c in spec["cases"]:
-    for op, build in (("ort-attention", standard), ("ort-mha", contrib_mha)):
+    for op, build in (("ort-attention", standard), ("ort-mha", contrib_mha), ("ort-gqa", contrib_gqa)):
         if c["dtype"] not in NP:
             print(f"{op} {c['name']}: numpy has no {c['dtype']}; left out", file=sys.stderr)
             continue
@@ -161,7 +194,7 @@ pub struct OrtTime {
     pub case: String,
     /// Threads.
     pub threads: usize,
-    /// The operator's row name (`ort-attention`, `ort-mha`).
+    /// The operator's row name (`ort-attention`, `ort-mha`, `ort-gqa`).
     pub op: String,
     /// Median seconds.
     pub median: f64,

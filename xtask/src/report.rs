@@ -224,7 +224,7 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
     );
     let _ = writeln!(
         s,
-        "PyTorch's SDPA (`torch-sdpa`; backward rows `cpu-bwd` against `torch-sdpa-bwd`, `torch.autograd.grad` of Q, K, V through SDPA, count 2.5x the forward's FLOPs) and ONNX Runtime's CPU attention operators (`ort-attention`, `ort-mha`). Speed-up: the baseline's time over attn-cpu's.\n"
+        "PyTorch's SDPA (`torch-sdpa`; backward rows `cpu-bwd` against `torch-sdpa-bwd`, `torch.autograd.grad` of Q, K, V through SDPA, count 2.5x the forward's FLOPs) and ONNX Runtime's CPU attention operators (`ort-attention`, `ort-mha`, `ort-gqa`). Speed-up: the baseline's time over attn-cpu's.\n"
     );
     let _ = writeln!(
         s,
@@ -235,6 +235,7 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
         ("forward", "cpu", "torch-sdpa"),
         ("forward", "cpu", "ort-attention"),
         ("forward", "cpu", "ort-mha"),
+        ("forward", "cpu", "ort-gqa"),
         ("backward", "cpu-bwd", "torch-sdpa-bwd"),
     ] {
         for c in &cases {
