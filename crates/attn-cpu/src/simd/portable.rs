@@ -87,7 +87,17 @@ unsafe impl Vector for V16 {
     }
     #[inline(always)]
     fn fast_max(self, rhs: Self) -> Self {
-        f32x16::fast_max(self, rhs)
+        // x86's `maxps` is the contract itself (`rhs` where either lane is
+        // NaN). NEON's `fmax`, which `wide` takes on aarch64, gives NaN
+        // where either is NaN instead: a compare and a select there.
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        {
+            f32x16::fast_max(self, rhs)
+        }
+        #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+        {
+            self.simd_gt(rhs).select(self, rhs)
+        }
     }
     #[inline(always)]
     fn abs(self) -> Self {
