@@ -6,6 +6,7 @@ mod candle_cuda;
 mod charts;
 mod check;
 mod cpu_check;
+mod cross;
 mod cuda;
 mod downstream;
 mod fuzz;
@@ -66,6 +67,10 @@ tasks:
   memcheck attn-cpu's and attn-candle's test binaries under valgrind memcheck
            (AVX2 and portable levels; proptest cases scaled by --scale, default 0.05;
            --all also runs the large-shape tests it skips by default)
+  aarch64  attn-cpu's tests built for aarch64 Linux and run under QEMU user mode (the
+           portable level on NEON); needs `rustup target add aarch64-unknown-linux-gnu` and
+           Debian's gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and qemu-user; about 10
+           minutes; options go to `cargo test` (e.g. `--lib`)
   peak     measure and print the FMA peak and memory bandwidth only
   verify   run the conformance suite on every backend available on this machine
            --cases N          generated cases per backend (default 256)";
@@ -82,6 +87,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz::run(rest),
         Some("soak") => soak::run(rest),
         Some("memcheck") => memcheck::run(rest),
+        Some("aarch64") => cross::run(rest),
         Some("test") => test(rest),
         Some("cuda-setup") => cuda::setup().map(|v| println!("cuda-setup: {}", v.display())),
         Some("cuda-check") => cuda::check(rest),
