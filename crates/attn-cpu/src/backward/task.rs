@@ -21,6 +21,7 @@ use super::{Ctx, Outs, Task};
 use crate::blocking::{BWD_KEYS, BWD_PANEL_BYTES, BWD_ROWS, LANES};
 use crate::element::CpuElement;
 use crate::microkernel::gemm::gemm;
+use crate::pack::{prefetch_rows, Hint};
 use crate::probs::{probabilities, Scores, Tile};
 use crate::simd::{load, store, Vector};
 use attn_spec::{TileClass, View};
@@ -46,6 +47,9 @@ pub struct Scratch {
     /// The padded head dims the tile buffers were sized for.
     dims: (usize, usize),
 }
+
+/// Rows the packing loops prefetch ahead of the row they copy.
+const PACK_AHEAD: usize = 8;
 
 /// `x` rounded up to a multiple of `m`.
 pub fn round_up(x: usize, m: usize) -> usize {
@@ -137,6 +141,13 @@ pub fn run<V: Vector, T: CpuElement>(
         for hh in 0..group {
             let h = kvh * group + hh;
             for i in 0..ql {
+                // Rows of a head are `heads * d` apart in the BSHD layout:
+                // misses the hardware prefetchers do not follow, so ask
+                // for the rows a few ahead while this one is copied.
+                if i + PACK_AHEAD < ql {
+                    prefetch_rows(ctx.q, &p.q, (b, h), (i + PACK_AHEAD, 1), dqk, Hint::L1);
+                    prefetch_rows(ctx.d_out, &p.out, (b, h), (i + PACK_AHEAD, 1), dv, Hint::L1);
+                }
                 let at = hh * ql + i;
                 read_row::<V, T>(
                     ctx.q,
@@ -166,6 +177,11 @@ pub fn run<V: Vector, T: CpuElement>(
         let ncols = nvec * LANES;
         // Pack the key block: K rows, K^T, V^T (f32).
         for r in 0..n {
+            if r + PACK_AHEAD < n {
+                let next = (j0 + r + PACK_AHEAD, 1);
+                prefetch_rows(ctx.k, &p.k, (b, kvh), next, dqk, Hint::L1);
+                prefetch_rows(ctx.v, &p.v, (b, kvh), next, dv, Hint::L1);
+            }
             let dst = &mut ws.kr[r * dqkp..r * dqkp + dqk];
             read_row::<V, T>(ctx.k, &p.k, [b, j0 + r, kvh], dst);
             for (d, &x) in dst.iter().enumerate() {
