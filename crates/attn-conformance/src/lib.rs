@@ -54,12 +54,14 @@ pub struct SuiteReport {
     pub skipped: u32,
 }
 
-/// Runs the hand-computed cases, the bad-input checks and `cases`
-/// generated cases on `backend`. Returns the first failure (minimised by
-/// proptest) as an error message.
-pub fn run_suite<B: Backend>(backend: &B, cases: u32) -> Result<SuiteReport, String> {
-    hand::all(backend)?;
-    errors::all(backend)?;
+/// Runs `check` on `cases` generated cases, counting what passed and what
+/// the backend refused as unsupported; the first failure (minimised by
+/// proptest) comes back as an error message. The one runner of
+/// [`run_suite`], [`run_backward_suite`] and [`run_maps_suite`].
+pub fn run_generated(
+    cases: u32,
+    check: impl Fn(CaseParams) -> Result<Outcome, String>,
+) -> Result<SuiteReport, String> {
     let passed = Cell::new(0);
     let skipped = Cell::new(0);
     let config = Config {
@@ -70,7 +72,7 @@ pub fn run_suite<B: Backend>(backend: &B, cases: u32) -> Result<SuiteReport, Str
     let mut runner = TestRunner::new(config);
     runner
         .run(&case_params(), |params| {
-            match check_case(backend, &Case::build(params)) {
+            match check(params) {
                 Ok(Outcome::Passed) => passed.set(passed.get() + 1),
                 Ok(Outcome::Skipped(_)) => skipped.set(skipped.get() + 1),
                 Err(e) => return Err(TestCaseError::fail(e)),
@@ -84,6 +86,15 @@ pub fn run_suite<B: Backend>(backend: &B, cases: u32) -> Result<SuiteReport, Str
     })
 }
 
+/// Runs the hand-computed cases, the bad-input checks and `cases`
+/// generated cases on `backend`. Returns the first failure (minimised by
+/// proptest) as an error message.
+pub fn run_suite<B: Backend>(backend: &B, cases: u32) -> Result<SuiteReport, String> {
+    hand::all(backend)?;
+    errors::all(backend)?;
+    run_generated(cases, |params| check_case(backend, &Case::build(params)))
+}
+
 /// [`run_suite`]'s backward counterpart: the backward hand cases, its
 /// bad-input checks and `cases` generated cases through
 /// [`backward::check_backward`].
@@ -92,28 +103,8 @@ pub fn run_backward_suite<B: attn_spec::Backward>(
     cases: u32,
 ) -> Result<SuiteReport, String> {
     backward::all(backend)?;
-    let passed = Cell::new(0);
-    let skipped = Cell::new(0);
-    let config = Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new(config);
-    runner
-        .run(&case_params(), |params| {
-            let bc = backward::BackCase::build(params);
-            match backward::check_backward(backend, &bc) {
-                Ok(Outcome::Passed) => passed.set(passed.get() + 1),
-                Ok(Outcome::Skipped(_)) => skipped.set(skipped.get() + 1),
-                Err(e) => return Err(TestCaseError::fail(e)),
-            }
-            Ok(())
-        })
-        .map_err(|e| e.to_string())?;
-    Ok(SuiteReport {
-        passed: passed.get(),
-        skipped: skipped.get(),
+    run_generated(cases, |params| {
+        backward::check_backward(backend, &backward::BackCase::build(params))
     })
 }
 
@@ -125,27 +116,8 @@ pub fn run_maps_suite<B: attn_spec::AttentionMaps>(
     cases: u32,
 ) -> Result<SuiteReport, String> {
     maps::all(backend)?;
-    let passed = Cell::new(0);
-    let skipped = Cell::new(0);
-    let config = Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new(config);
-    runner
-        .run(&case_params(), |params| {
-            let case = Case::build(params);
-            match maps::check_maps(backend, &case, &maps::request_for(&case)) {
-                Ok(Outcome::Passed) => passed.set(passed.get() + 1),
-                Ok(Outcome::Skipped(_)) => skipped.set(skipped.get() + 1),
-                Err(e) => return Err(TestCaseError::fail(e)),
-            }
-            Ok(())
-        })
-        .map_err(|e| e.to_string())?;
-    Ok(SuiteReport {
-        passed: passed.get(),
-        skipped: skipped.get(),
+    run_generated(cases, |params| {
+        let case = Case::build(params);
+        maps::check_maps(backend, &case, &maps::request_for(&case))
     })
 }
