@@ -14,8 +14,7 @@
 use crate::backward::task::{read_row, round_up};
 use crate::blocking::{BWD_KEYS, BWD_ROWS, LANES};
 use crate::element::CpuElement;
-use crate::microkernel::gemm::gemm;
-use crate::probs::{probabilities, Scores, Tile};
+use crate::probs::{score_probs, Scores, Tile};
 use crate::simd::{vectorize, Isa, Op, Vector};
 use crate::{typed, Cpu};
 use attn_spec::{
@@ -126,28 +125,25 @@ pub fn run<V: Vector, T: CpuElement>(
                 let dst = &mut ws.q[r * dqkp..r * dqkp + dqk];
                 read_row::<V, T>(ctx.q, &p.q, [b, i0 + r, h], dst);
             }
-            // SAFETY: q holds mbp rows of dqkp floats (mbp <= MAP_ROWS),
-            // kt dqk rows of BWD_KEYS >= ncols, s MAP_ROWS rows of
-            // BWD_KEYS; mbp is a multiple of mr, ncols of 16.
-            unsafe {
-                gemm::<V>(
-                    (mbp, ncols, dqk),
-                    ws.q.as_ptr(),
-                    (dqkp, 1),
-                    ws.kt.as_ptr(),
-                    BWD_KEYS,
-                    ws.s.as_mut_ptr(),
-                    BWD_KEYS,
-                    false,
-                )
-            };
             let tile = Tile {
                 bh: (b, h),
                 rows: (i0, mb),
                 keys: (j0, n),
                 stride: BWD_KEYS,
             };
-            probabilities::<V>(&ctx.sc, tile, &mut ws.s, &mut ws.add, None);
+            // SAFETY: q holds mbp rows of dqkp floats (mbp <= MAP_ROWS is
+            // mb rounded up to mr), kt dqk rows of BWD_KEYS, 0 past the
+            // block's keys.
+            unsafe {
+                score_probs::<V>(
+                    &ctx.sc,
+                    tile,
+                    (ws.q.as_ptr(), dqkp, dqk),
+                    ws.kt.as_ptr(),
+                    &mut ws.s,
+                    (&mut ws.add, None),
+                )
+            };
             for r in 0..mb {
                 let src = &ws.s[r * BWD_KEYS..r * BWD_KEYS + n];
                 let dst = &mut out[r * kl + j0..r * kl + j0 + n];

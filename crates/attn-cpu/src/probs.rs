@@ -7,6 +7,7 @@
 
 use crate::blocking::LANES;
 use crate::exp::{exp2, tanh};
+use crate::microkernel::gemm::gemm;
 use crate::simd::{load, store, Vector};
 use attn_spec::{HostData, Problem, View};
 use std::f32::consts::LOG2_E;
@@ -174,4 +175,44 @@ pub fn probabilities<V: Vector>(
             unsafe { store(srow.as_mut_ptr().add(c * LANES), pv) };
         }
     }
+}
+
+/// The score tile `S = Q K^T` of `t` through the gemm microkernel, then its
+/// probabilities in place ([`probabilities`], with `add` and `slope` as
+/// there): what the backward pass and attention maps both compute. The
+/// product runs on the tile's rows rounded up to a multiple of `V::mr(1)`
+/// and its keys rounded up to whole vectors.
+///
+/// # Safety
+/// `q` points at `t.rows.1.next_multiple_of(V::mr(1))` rows of `d` floats,
+/// `q_stride` apart; `kt` at `d` rows of `t.stride` floats (K^T, zero past
+/// the tile's keys).
+#[inline(always)]
+pub unsafe fn score_probs<V: Vector>(
+    sc: &Scores<'_>,
+    t: Tile,
+    (q, q_stride, d): (*const f32, usize, usize),
+    kt: *const f32,
+    s: &mut [f32],
+    (add, slope): (&mut [f32], Option<&mut [f32]>),
+) {
+    let rows = t.rows.1.next_multiple_of(V::mr(1));
+    let cols = t.keys.1.next_multiple_of(LANES);
+    assert!(cols <= t.stride && s.len() >= rows * t.stride);
+    // SAFETY: q and kt as the caller guarantees; s holds `rows` rows of
+    // t.stride >= cols floats (asserted); rows is a multiple of mr(1) and
+    // cols of 16, as gemm takes them.
+    unsafe {
+        gemm::<V>(
+            (rows, cols, d),
+            q,
+            (q_stride, 1),
+            kt,
+            t.stride,
+            s.as_mut_ptr(),
+            t.stride,
+            false,
+        )
+    };
+    probabilities::<V>(sc, t, s, add, slope);
 }

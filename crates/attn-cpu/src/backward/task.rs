@@ -22,7 +22,7 @@ use crate::blocking::{BWD_KEYS, BWD_PANEL_BYTES, BWD_ROWS, LANES};
 use crate::element::CpuElement;
 use crate::microkernel::gemm::gemm;
 use crate::pack::{prefetch_rows, Hint};
-use crate::probs::{probabilities, Scores, Tile};
+use crate::probs::{score_probs, Scores, Tile};
 use crate::simd::{load, store, Vector};
 use attn_spec::{TileClass, View};
 
@@ -239,25 +239,7 @@ pub fn run<V: Vector, T: CpuElement>(
                     }
                     (ws.q.as_ptr(), ws.d_o.as_ptr())
                 };
-                // S = Q K^T.
-                // SAFETY: qa has mqp rows of dqkp floats (the tile buffer
-                // holds BWD_ROWS >= mqp rows; a panel, BWD_ROWS spare rows
-                // past its last head's), kt
-                // dqk rows of BWD_KEYS >= ncols, s BWD_ROWS rows of
-                // BWD_KEYS; mqp is a multiple of mr, ncols of 16.
-                unsafe {
-                    gemm::<V>(
-                        (mqp, ncols, dqk),
-                        qa,
-                        (dqkp, 1),
-                        ws.kt.as_ptr(),
-                        BWD_KEYS,
-                        ws.s.as_mut_ptr(),
-                        BWD_KEYS,
-                        false,
-                    )
-                };
-                // P = exp(x - lse), in place.
+                // S = Q K^T, then P = exp(x - lse) in place.
                 let tile = Tile {
                     bh: (b, h),
                     rows: (i0, mq),
@@ -265,7 +247,20 @@ pub fn run<V: Vector, T: CpuElement>(
                     stride: BWD_KEYS,
                 };
                 let slope = cap.is_some().then_some(&mut ws.slope[..]);
-                probabilities::<V>(&scores, tile, &mut ws.s, &mut ws.add, slope);
+                // SAFETY: qa has mqp rows of dqkp floats (the tile buffer
+                // holds BWD_ROWS >= mqp rows; a panel, BWD_ROWS spare rows
+                // past its last head's), kt dqk rows of BWD_KEYS, 0 past
+                // the block's keys; mqp is mq rounded up to mr.
+                unsafe {
+                    score_probs::<V>(
+                        &scores,
+                        tile,
+                        (qa, dqkp, dqk),
+                        ws.kt.as_ptr(),
+                        &mut ws.s,
+                        (&mut ws.add, slope),
+                    )
+                };
                 // dP = dO V^T.
                 // SAFETY: as for S, with d_o (dvp) and vt (dv rows).
                 unsafe {
