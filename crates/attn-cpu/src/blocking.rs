@@ -30,7 +30,9 @@
 //!   and live with it (`Vector::mr`, `Vector::KERNEL_VECS` in `simd/`):
 //!   AVX-512 keeps 24 of its 32 registers in accumulators (6 keys x 4
 //!   vectors, 12 x 1-2, 8 x 3), AVX2 12 of its 16 (6 keys x 1 vector of
-//!   two registers, 3 x 2), the portable level 12 of 16 on x86-64.
+//!   two registers; 3 keys x 2 vectors needed 17 and spilled), the
+//!   portable level 8 of 16 on x86-64 (2 keys x 1 vector of four SSE
+//!   registers).
 //! - [`PREFETCH_SPAN_BYTES`] = 512 KiB: a prefill block prefetches the
 //!   next key tile's K and V rows into L2 while it computes a tile, unless
 //!   the K and V rows of its whole key span fit in half of a 1 MiB L2 and
