@@ -21,6 +21,7 @@ mod backward;
 mod bias;
 mod blocking;
 mod decode;
+mod dot16;
 mod element;
 mod exp;
 mod linear;
@@ -183,7 +184,7 @@ fn forward_typed<T: CpuElement>(
         typed::<T>(inputs.k, "k")?,
         typed::<T>(inputs.v, "v")?,
     );
-    let ctx = Ctx::new(p, qkv, inputs.bias.zip(p.bias.map(|d| d.view)), mask);
+    let ctx = Ctx::new(p, qkv, inputs.bias.zip(p.bias.map(|d| d.view)), mask).on(isa);
     let got = out.dtype();
     let out = T::host_mut(out).ok_or(AttnError::DType {
         tensor: "out",
@@ -245,7 +246,7 @@ impl Cpu {
         };
         self.install(par, || {
             let bias = bias.zip(problem.bias.map(|d| d.view));
-            let ctx = Ctx::new(problem, (q, k, v), bias, mask);
+            let ctx = Ctx::new(problem, (q, k, v), bias, mask).on(isa);
             schedule::run_all(&ctx, &schedule::Sink::new(out, lse), par, isa);
         });
         Ok(())

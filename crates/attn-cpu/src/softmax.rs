@@ -35,7 +35,7 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     /// Folds the score tile `st` (`n x NV*16`) into the state, replaces it by
     /// the probabilities `2^(s - m')`, and returns the rescale factors
     /// `alpha` for the running output.
-    #[allow(clippy::needless_range_loop)] // `v` indexes m, l, alpha and the tile
+    #[allow(clippy::needless_range_loop)] // `v` indexes alpha and the tile
     #[inline(always)]
     pub fn update(&mut self, st: &mut [f32], n: usize) -> [V; NV] {
         let w = NV * LANES;
@@ -43,26 +43,82 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
         let mut alpha = [V::ONE; NV];
         for v in 0..NV {
             let col = |j: usize| j * w + v * LANES;
-            let mut mx = self.m[v];
-            for j in 0..n {
-                // SAFETY: j < n and the assert above: 16 floats at col(j).
-                mx = mx.fast_max(unsafe { load::<V>(st.as_ptr().add(col(j))) });
-            }
-            let shift = mx.replace_where_eq(mx, f32::NEG_INFINITY, 0.0);
-            alpha[v] = exp2(self.m[v] - shift);
+            let shift;
+            (shift, alpha[v]) = self.new_max(st, n, v);
             let mut sum = V::ZERO;
             for j in 0..n {
                 let p = st.as_mut_ptr();
-                // SAFETY: as above.
+                // SAFETY: j < n and the assert above: 16 floats at col(j).
                 let e = exp2(unsafe { load::<V>(p.add(col(j))) } - shift);
                 // SAFETY: as above.
                 unsafe { store(p.add(col(j)), e) };
                 sum += e;
             }
             self.l[v] = self.l[v].mul_add(alpha[v], sum);
-            self.m[v] = mx;
         }
         alpha
+    }
+
+    /// [`OnlineSoftmax::update`] that hands the probabilities out in pairs
+    /// of keys instead of storing them: `emit(i, v, p_2i, p_2i+1)` for each
+    /// pair `i < ceil(n/2)` and vector `v` of rows (the partner of an odd
+    /// last key is 0), for the bf16 pair layout of `dot16/`. The sum runs
+    /// over the unrounded probabilities.
+    #[allow(clippy::needless_range_loop)] // `v` indexes alpha and the tile
+    #[inline(always)]
+    pub fn update_pairs(
+        &mut self,
+        st: &[f32],
+        n: usize,
+        mut emit: impl FnMut(usize, usize, V, V),
+    ) -> [V; NV] {
+        let w = NV * LANES;
+        assert!(st.len() >= n * w);
+        let mut alpha = [V::ONE; NV];
+        for v in 0..NV {
+            let col = |j: usize| j * w + v * LANES;
+            let shift;
+            (shift, alpha[v]) = self.new_max(st, n, v);
+            let mut sum = V::ZERO;
+            for i in 0..n / 2 {
+                // SAFETY: 2i + 1 < n and the assert above: 16 floats at each.
+                let (s0, s1) = unsafe {
+                    (
+                        load::<V>(st.as_ptr().add(col(2 * i))),
+                        load::<V>(st.as_ptr().add(col(2 * i + 1))),
+                    )
+                };
+                let (e0, e1) = (exp2(s0 - shift), exp2(s1 - shift));
+                emit(i, v, e0, e1);
+                sum += e0 + e1;
+            }
+            if n % 2 == 1 {
+                // SAFETY: n - 1 < n: 16 floats at col(n - 1).
+                let e = exp2(unsafe { load::<V>(st.as_ptr().add(col(n - 1))) } - shift);
+                emit(n / 2, v, e, V::ZERO);
+                sum += e;
+            }
+            self.l[v] = self.l[v].mul_add(alpha[v], sum);
+        }
+        alpha
+    }
+
+    /// Folds the maximum of vector `v`'s scores in the tile into the state;
+    /// returns the shift for the probabilities (the new maximum, or 0 for
+    /// rows that have seen only masked scores) and the rescale factor.
+    #[inline(always)]
+    fn new_max(&mut self, st: &[f32], n: usize, v: usize) -> (V, V) {
+        let w = NV * LANES;
+        assert!(st.len() >= n * w && v < NV);
+        let mut mx = self.m[v];
+        for j in 0..n {
+            // SAFETY: j < n and v < NV (asserted): 16 floats in st.
+            mx = mx.fast_max(unsafe { load::<V>(st.as_ptr().add(j * w + v * LANES)) });
+        }
+        let shift = mx.replace_where_eq(mx, f32::NEG_INFINITY, 0.0);
+        let alpha = exp2(self.m[v] - shift);
+        self.m[v] = mx;
+        (shift, alpha)
     }
 
     /// Row `r`'s final `(factor, lse)`: the output row is `factor * O^T[..][r]`

@@ -57,6 +57,9 @@ pub struct Ctx<'a, T> {
     /// 1`): Q is then packed unscaled and every score multiplied by `c`
     /// instead, so a finite score never passes through an infinite query.
     pub post_scale: Option<f32>,
+    /// Whether prefill blocks run the bf16 dot-product path (`dot16/`):
+    /// bf16 inputs on the `avx512bf16` level (set by [`Ctx::on`]).
+    pub dot16: bool,
 }
 
 impl<'a, T: attn_spec::Element> Ctx<'a, T> {
@@ -79,7 +82,14 @@ impl<'a, T: attn_spec::Element> Ctx<'a, T> {
             bias,
             mask,
             post_scale,
+            dot16: false,
         }
+    }
+
+    /// The context for the kernels of `isa`: decides [`Ctx::dot16`].
+    pub fn on(mut self, isa: crate::Isa) -> Self {
+        self.dot16 = crate::dot16::applies(&self, isa);
+        self
     }
 }
 
@@ -419,12 +429,13 @@ pub struct RowInfo<V, const NV: usize> {
     slope: [V; NV],
     /// Keys each vector's rows see at most: the hull of its rows' ranges
     /// (`(0, 0)` when none sees any).
-    bounds: [(usize, usize); NV],
+    pub bounds: [(usize, usize); NV],
 }
 
 impl<V: Vector, const NV: usize> RowInfo<V, NV> {
+    /// The facts of `item`'s rows under `mask`.
     #[inline(always)]
-    fn new<T>(ctx: &Ctx<'_, T>, item: &Item, mask: &SeqMask) -> Self {
+    pub fn new<T>(ctx: &Ctx<'_, T>, item: &Item, mask: &SeqMask) -> Self {
         let mut lo = [[0usize; LANES]; NV];
         let mut hi = [[0usize; LANES]; NV];
         let mut diag = [[0i64; LANES]; NV];
@@ -489,7 +500,7 @@ fn vectors<V: Vector, const NV: usize>(a: &[[f32; LANES]; NV]) -> [V; NV] {
 /// the score tile (`n x NV*16`, keys `j0..j0+n`), leaving base-2 scores
 /// with `-inf` where a pair is excluded.
 #[inline(always)]
-fn transform<V: Vector, T, const NV: usize>(
+pub fn transform<V: Vector, T, const NV: usize>(
     ctx: &Ctx<'_, T>,
     item: &Item,
     st: &mut [f32],

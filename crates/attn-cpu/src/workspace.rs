@@ -39,6 +39,11 @@ pub struct Workspace {
     pub kbuf: Vec<f32>,
     /// Packed value tile (rows `packed_stride(dv)` apart).
     pub vbuf: Vec<f32>,
+    /// The probability tile as bf16 pairs of keys (`dot16/`): `KEYS / 2 x
+    /// ROWS` words, each the probabilities of keys `2i` and `2i + 1`.
+    pub pt2: Vec<u32>,
+    /// Keys whose K and V rows the bf16 pass may take (`dot16::Checked`).
+    pub checked: crate::dot16::Checked,
     /// A head's packed value rows, kept across its blocks.
     pub packed_v: PackedV,
     /// The finished block in row-major order, `ROWS x dv`.
@@ -66,6 +71,8 @@ impl Workspace {
             ot: vec![0.0; 2 * dv * ROWS],
             kbuf: vec![0.0; KEYS * dk],
             vbuf: vec![0.0; KEYS * packed_stride(dv)],
+            pt2: vec![0; KEYS.div_ceil(2) * ROWS],
+            checked: Default::default(),
             packed_v: PackedV::default(),
             orow: vec![0.0; ROWS * dv],
             qrow: vec![0.0; LANES * dk],
@@ -80,6 +87,7 @@ impl Workspace {
     /// and the last head), so nothing outlives the call that computed it.
     fn reset(&mut self) {
         self.packed_v.forget();
+        self.checked.forget();
         self.head = None;
         self.scratch_tile = None;
         self.ahead.clear();

@@ -82,9 +82,10 @@ pub(crate) use dispatch_m;
 /// match its `Vector::mr` and `KERNEL_VECS`); and `kernels::run_items` and
 /// `kernels::decode_tile`, the level's out-of-line copies of
 /// `tiling::run_items` and `decode::tile`; and the level's
-/// `simd::Kernels`, which reaches them.
+/// `simd::Kernels`, which reaches them. `; dot16: f` names the level's
+/// bf16 dot-product pass (`dot16::run_items`), where it has one.
 macro_rules! kernel_entries {
-    ($v:ty, [$($nv:tt => $mr:tt),+] $(, $features:literal)?) => {
+    ($v:ty, [$($nv:tt => $mr:tt),+] $(, $features:literal)? $(; dot16: $dot:ident)?) => {
         mod kernels {
             use super::V16;
             use $crate::decode::DecodeState;
@@ -223,10 +224,25 @@ macro_rules! kernel_entries {
                 items: &[$crate::work::Item],
                 ws: &mut $crate::workspace::Workspace,
             ) -> [$crate::softmax::OnlineSoftmax<Self, NV>; 2] {
+                if ctx.dot16 {
+                    return Self::run_items_dot16::<T, NV>(ctx, items, ws);
+                }
                 // SAFETY: a vector of this level exists only where the CPU
                 // runs it (the `Vector` contract).
                 unsafe { kernels::run_items::<T, NV>(ctx, items, ws) }
             }
+            $(
+            #[inline(always)]
+            fn run_items_dot16<T: $crate::element::CpuElement, const NV: usize>(
+                ctx: &$crate::tiling::Ctx<'_, T>,
+                items: &[$crate::work::Item],
+                ws: &mut $crate::workspace::Workspace,
+            ) -> [$crate::softmax::OnlineSoftmax<Self, NV>; 2] {
+                assert!($crate::Isa::Avx512Bf16.supported());
+                // SAFETY: the CPU runs the bf16 level (asserted).
+                unsafe { $dot::<T, NV>(ctx, items, ws) }
+            }
+            )?
             #[inline(always)]
             fn decode_tile<T: $crate::element::CpuElement>(
                 ctx: &$crate::tiling::Ctx<'_, T>,

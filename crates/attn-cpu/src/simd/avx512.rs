@@ -14,13 +14,15 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub, SubAssign};
 /// Sixteen lanes in one AVX-512 register.
 #[derive(Clone, Copy, Debug)]
 #[repr(transparent)]
-pub struct V16(__m512);
+pub struct V16(pub(crate) __m512);
 
 crate::microkernel::kernel_entries!(
     V16,
     [1 => 12, 2 => 12, 3 => 8, 4 => 6],
-    "avx512f,avx512bw,avx2,fma,f16c"
+    "avx512f,avx512bw,avx2,fma,f16c";
+    dot16: dot16_run_items
 );
+use crate::dot16::run_items as dot16_run_items;
 
 /// Runs `op` compiled for this level.
 ///

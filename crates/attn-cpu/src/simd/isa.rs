@@ -28,11 +28,16 @@ pub enum Isa {
     /// x86-64 with AVX-512 F and BW (Intel Skylake-SP, AMD Zen 4 and
     /// later): a vector of 16 lanes is one 512-bit register.
     Avx512,
+    /// AVX-512 with AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake
+    /// and Sapphire Rapids and later): the AVX-512 kernels, and for bf16
+    /// inputs `Q K^T` and `P V` on `vdpbf16ps` (pairs of bf16 products
+    /// accumulated in f32, P rounded to bf16: `dot16/`).
+    Avx512Bf16,
 }
 
 impl Isa {
     /// Every level, narrowest first.
-    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16];
 
     /// The level's name as `ATTN_CPU_ISA` spells it.
     pub fn name(self) -> &'static str {
@@ -40,6 +45,7 @@ impl Isa {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Bf16 => "avx512bf16",
         }
     }
 
@@ -59,6 +65,8 @@ impl Isa {
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 => Isa::Avx512.supported() && is_x86_feature_detected!("avx512bf16"),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -78,7 +86,7 @@ impl Isa {
 
     /// The level a new backend uses: the detected one, or a lower one
     /// named by the environment variable `ATTN_CPU_ISA` (`portable`,
-    /// `avx2`, `avx512`; a level above what the CPU runs gives the CPU's
+    /// `avx2`, `avx512`, `avx512bf16`; a level above what the CPU runs gives the CPU's
     /// best, as a cap). An unknown name is an error, kept so that every
     /// call can report it.
     pub fn selected() -> Result<Isa, String> {
@@ -139,8 +147,10 @@ pub fn vectorize<O: Op>(isa: Isa, op: O) -> O::Output {
     );
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU runs AVX-512 F/BW, AVX2, FMA and F16C (asserted).
-        Isa::Avx512 => unsafe { super::avx512::enter(op) },
+        // SAFETY: the CPU runs AVX-512 F/BW, AVX2, FMA and F16C (asserted;
+        // the bf16 level runs the same vectors and reaches its bf16 kernels
+        // through `Kernels::run_items` when `Ctx::dot16` says so).
+        Isa::Avx512 | Isa::Avx512Bf16 => unsafe { super::avx512::enter(op) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU runs AVX2, FMA and F16C (asserted).
         Isa::Avx2 => unsafe { super::avx2::enter(op) },

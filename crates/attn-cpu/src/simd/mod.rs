@@ -15,7 +15,7 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 pub mod isa;
 pub(crate) mod portable;
 
@@ -180,6 +180,16 @@ pub trait Kernels: Sized {
         items: &[Item],
         ws: &mut Workspace,
     ) -> [OnlineSoftmax<Self, NV>; 2];
+    /// The bf16 dot-product pass (`dot16::run_items`) in place of
+    /// `run_items`, on the level that has one: `run_items` calls it when
+    /// `Ctx::dot16` is set, which only the `avx512bf16` level sets.
+    fn run_items_dot16<T: CpuElement, const NV: usize>(
+        _ctx: &Ctx<'_, T>,
+        _items: &[Item],
+        _ws: &mut Workspace,
+    ) -> [OnlineSoftmax<Self, NV>; 2] {
+        unreachable!("attn-cpu: the bf16 dot-product pass runs only on the avx512bf16 level")
+    }
     /// `decode::tile` compiled for this level, out of line: one copy per
     /// element type, shared by the decode paths.
     fn decode_tile<T: CpuElement>(

@@ -1,0 +1,523 @@
+//! bf16 inputs on AVX512_BF16: the pass of `tiling::run_items` with both
+//! products on `vdpbf16ps` (`kernels.rs`), which multiplies pairs of bf16
+//! and accumulates in f32, twice the work of an f32 FMA per instruction.
+//!
+//! What changes against the f32 pass, and why it stays within the
+//! contract (SEMANTICS §7):
+//! - `Q K^T`: Q and K are read as the bf16 they are, in pairs along the
+//!   head dimension (K in place, Q transposed into a panel of pairs), and
+//!   each product of two bf16 is exact in f32; the score is multiplied by
+//!   the scale (and log2 e) once, after the sum, instead of scaling Q
+//!   before it (which would round Q to f32 times the scale: no gain here).
+//! - `P V`: the probabilities are rounded to bf16 (round to nearest even)
+//!   in pairs of keys as the online softmax forms them (its running sum
+//!   takes them unrounded), and V is packed in pairs of keys per column,
+//!   once per tile for both blocks of a pass. The conformance bound allows
+//!   P rounded to the input type.
+//! - Masked tiles run the score kernel on the parts of the tile each
+//!   vector of rows sees (`parts.rs`), as the f32 pass; `P V` runs on the
+//!   whole tile, where the probabilities outside each row's keys are 0.
+//!
+//! - `vdpbf16ps` flushes subnormal inputs and results to zero (DAZ, FTZ),
+//!   and unscaled sums can overflow where scaled ones would not. So a pass
+//!   runs here only when every element of its query rows and of the K and
+//!   V rows of its key span is 0 or of magnitude in `[2^-64, 2^56]`
+//!   ([`fits`]); otherwise (subnormals, absurdly small or large values,
+//!   infinities, NaN) it runs the f32 pass, which is exact about them. In
+//!   range, a flushed product or partial sum is below `2^-126` in size:
+//!   under `2^-126 (n + d)` in a score or an output against values of at
+//!   least `2^-64`, far inside the bound's floor; and `d * 2^112` cannot
+//!   overflow. The check reads each K and V row once per head and thread
+//!   (`Checked`), from cache, beside a pass that reads it many times.
+//!
+//! Everything else (masks, soft-capping, ALiBi, bias, the online softmax,
+//! the output) is the f32 pass's code, inlined here with the bf16
+//! features enabled. Only bf16 inputs whose Q and K rows are contiguous,
+//! with an even head dimension, take this pass (`applies`).
+
+#[cfg(target_arch = "x86_64")]
+mod kernels;
+
+use crate::tiling::Ctx;
+use crate::Isa;
+use attn_spec::{DType, Element};
+
+/// Whether `ctx`'s prefill blocks run this pass on level `isa`: bf16
+/// inputs on the `avx512bf16` level, an even head dimension of Q and K,
+/// and Q and K rows contiguous (read as pairs in place).
+pub fn applies<T: Element>(ctx: &Ctx<'_, T>, isa: Isa) -> bool {
+    let p = ctx.p;
+    cfg!(target_arch = "x86_64")
+        && isa == Isa::Avx512Bf16
+        && T::DTYPE == DType::Bf16
+        && p.shape.head_dim_qk.is_multiple_of(2)
+        && p.q.strides[3] == 1
+        && p.k.strides[3] == 1
+}
+
+/// Whether bf16 element `x` (its bits) may enter `vdpbf16ps` here: zero,
+/// or a magnitude in `[2^-64, 2^56]` (biased exponent 63 to 183).
+#[inline(always)]
+pub fn fits(x: u16) -> bool {
+    (x & 0x7fff) == 0 || ((x >> 7) & 0xff).wrapping_sub(63) <= 183 - 63
+}
+
+/// Whether every element of rows `j0..j0+n` (batch `b`, head `g`, `d`
+/// elements each) of a bf16 tensor [`fits`].
+#[inline(always)]
+pub fn rows_fit(
+    src: &[u16],
+    view: &attn_spec::View,
+    (b, g): (usize, usize),
+    (j0, n): (usize, usize),
+    d: usize,
+) -> bool {
+    (j0..j0 + n).all(|j| {
+        let at = view.index([b, j, g, 0]);
+        if view.strides[3] == 1 || d == 1 {
+            // No early exit inside a row: the fold vectorizes.
+            src[at..at + d].iter().fold(true, |ok, &x| ok & fits(x))
+        } else {
+            (0..d).all(|c| fits(src[at + c * view.strides[3]]))
+        }
+    })
+}
+
+/// The keys of one (batch, K/V head) whose K and V rows a thread has found
+/// to [`fit`](fits), so later passes of the head skip the check (the
+/// blocks of a head run one after another, the longest span first).
+/// Forgotten at the start of every call (`Workspace::reset`).
+#[derive(Debug, Default)]
+pub struct Checked {
+    head: Option<(usize, usize)>,
+    keys: std::ops::Range<usize>,
+}
+
+impl Checked {
+    /// Forgets every key.
+    pub fn forget(&mut self) {
+        self.head = None;
+        self.keys = 0..0;
+    }
+
+    /// Whether keys `lo..hi` of head `g` fit: checks (with `check`, on a
+    /// range of keys) what is not known yet and remembers what fits.
+    pub fn span_fits(
+        &mut self,
+        g: (usize, usize),
+        (lo, hi): (usize, usize),
+        mut check: impl FnMut(usize, usize) -> bool,
+    ) -> bool {
+        if lo >= hi {
+            return true;
+        }
+        let known = self.head == Some(g) && self.keys.start <= lo;
+        if known && hi <= self.keys.end {
+            return true;
+        }
+        let from = if known && lo <= self.keys.end {
+            self.keys.end
+        } else {
+            lo
+        };
+        if !check(from, hi) {
+            return false;
+        }
+        if from == lo {
+            self.head = Some(g);
+            self.keys = lo..hi;
+        } else {
+            self.keys.end = hi;
+        }
+        true
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use pass::run_items;
+
+#[cfg(target_arch = "x86_64")]
+mod pass {
+    use super::kernels::{mr, pv_part, scores_part};
+    use crate::blocking::{share, KEYS, LANES, PREFETCH_SPAN_BYTES};
+    use crate::element::CpuElement;
+    use crate::pack::{packed_stride, prefetch_rows, typed_rows, Hint};
+    use crate::parts::Parts;
+    use crate::simd::avx512::V16;
+    use crate::simd::Vector;
+    use crate::softmax::OnlineSoftmax;
+    use crate::tiling::{transform, Ctx, RowInfo};
+    use crate::work::Item;
+    use crate::workspace::Workspace;
+    use attn_spec::{DType, TileClass, View};
+    use std::arch::x86_64::*;
+
+    /// `tiling::run_items` for bf16 on `vdpbf16ps` (see the module docs):
+    /// one or two items of one (batch, K/V head) in one pass over their
+    /// keys; leaves item `i`'s unnormalised output in `ws.ot[i * dv *
+    /// NV*16..]` and returns the softmax states.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F/BW, AVX512_BF16, AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+    #[inline(never)]
+    pub unsafe fn run_items<T: CpuElement, const NV: usize>(
+        ctx: &Ctx<'_, T>,
+        items: &[Item],
+        ws: &mut Workspace,
+    ) -> [OnlineSoftmax<V16, NV>; 2] {
+        assert!(ctx.dot16 && T::DTYPE == DType::Bf16 && size_of::<T>() == 2);
+        // SAFETY: T is bf16 (asserted): two bytes of plain bits each.
+        let bits =
+            |s: &[T]| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u16>(), s.len()) };
+        let (q, k, v) = (bits(ctx.q), bits(ctx.k), bits(ctx.v));
+        let p = ctx.p;
+        let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
+        let (d2, w) = (dk / 2, NV * LANES);
+        let head = (items[0].b, items[0].kvh);
+        assert!(
+            dk.is_multiple_of(2)
+                && (1..=2).contains(&items.len())
+                && items.iter().all(|it| {
+                    it.rows() <= w && (it.b, it.kvh) == head && it.keys == items[0].keys
+                })
+        );
+        let mask = p.seq_mask(head.0);
+        let spans: Vec<(usize, usize)> = items
+            .iter()
+            .map(|it| {
+                let span = mask.kv_span(it.positions());
+                (span.start.max(it.keys.start), span.end.min(it.keys.end))
+            })
+            .collect();
+        let (lo, hi) = spans
+            .iter()
+            .filter(|(lo, hi)| lo < hi)
+            .fold((usize::MAX, 0), |(a, b), &(lo, hi)| (a.min(lo), b.max(hi)));
+        let lo = lo.min(hi);
+        // Values vdpbf16ps would not compute exactly enough send the pass
+        // to the f32 kernels (module docs).
+        let q_fits = items.iter().all(|it| {
+            (0..it.rows()).all(|r| {
+                let (pos, h) = it.row(r);
+                super::rows_fit(q, &p.q, (it.b, h), (pos, 1), dk)
+            })
+        });
+        let kv_fits = ws.checked.span_fits(head, (lo, hi), |a, b| {
+            super::rows_fit(k, &p.k, head, (a, b - a), dk)
+                && super::rows_fit(v, &p.v, head, (a, b - a), dv)
+        });
+        if !(q_fits && kv_fits) {
+            return crate::tiling::run_items::<V16, T, NV>(ctx, items, ws);
+        }
+        let Workspace {
+            qt,
+            st,
+            ot,
+            vbuf,
+            pt2,
+            ahead,
+            head: ws_head,
+            ..
+        } = ws;
+        // Query panels: d/2 rows of w words each, in qt's f32 slots.
+        assert!(qt.len() >= items.len() * dk * w);
+        for (i, it) in items.iter().enumerate() {
+            let panel = qt[i * dk * w..].as_mut_ptr().cast::<u32>();
+            // SAFETY: qt holds dk * w floats per item (asserted), room for
+            // d2 * w words; Q rows are contiguous (`applies`); the CPU runs
+            // AVX-512 (this function's contract).
+            unsafe { pack_q_pairs(q, &p.q, it, (d2, w), panel) };
+        }
+        ot[..items.len() * dv * w].fill(0.0);
+        let mut sms = [
+            OnlineSoftmax::<V16, NV>::new(),
+            OnlineSoftmax::<V16, NV>::new(),
+        ];
+        let rows: Vec<RowInfo<V16, NV>> = items
+            .iter()
+            .map(|it| RowInfo::new(ctx, it, &mask))
+            .collect();
+        let per_element = ctx.per_element();
+        ahead.pace(items.len() * (hi - lo).div_ceil(KEYS) * KEYS.div_ceil(mr(NV)));
+        let span_bytes = (hi - lo) * (dk + dv) * 2;
+        let prefetch = span_bytes > PREFETCH_SPAN_BYTES || *ws_head != Some(head);
+        if lo < hi {
+            *ws_head = Some(head);
+        }
+        let c = ctx.q_scale();
+        let vs = packed_stride(dv);
+        let vp = vbuf.as_mut_ptr().cast::<u32>();
+        let mut j0 = lo;
+        while j0 < hi {
+            let n = KEYS.min(hi - j0);
+            let mut next_n = if prefetch { n.min(hi - j0 - n) } else { 0 };
+            let classes: Vec<TileClass> = items
+                .iter()
+                .enumerate()
+                .map(|(i, it)| {
+                    if spans[i].0 >= spans[i].1 || j0 >= spans[i].1 || j0 + n <= spans[i].0 {
+                        TileClass::Skip
+                    } else {
+                        mask.classify(it.positions(), j0..j0 + n)
+                    }
+                })
+                .collect();
+            if classes.iter().all(|&c| c == TileClass::Skip) {
+                j0 += n;
+                continue;
+            }
+            assert!(vbuf.len() >= n.div_ceil(2) * vs && vs >= dv);
+            // SAFETY: vbuf holds ceil(n/2) rows of vs words (asserted); the
+            // CPU runs AVX-512 (this function's contract).
+            unsafe { pack_v_pairs(v, &p.v, head, (j0, n), dv, (vp, vs)) };
+            let (krows, ks) = typed_rows(k, &p.k, head, (j0, n), dk)
+                .expect("K rows are contiguous (dot16::applies)");
+            assert!(krows.len() >= (n - 1) * ks + dk && st.len() >= n * w);
+            for (i, it) in items.iter().enumerate() {
+                if classes[i] == TileClass::Skip {
+                    continue;
+                }
+                let masked = classes[i] == TileClass::Partial || per_element;
+                let parts = if masked {
+                    Parts::cut(&rows[i].bounds, (j0, n))
+                } else {
+                    Parts::whole(n, NV)
+                };
+                if cfg!(debug_assertions) {
+                    st[..n * w].fill(f32::NAN);
+                }
+                let qp = qt[i * dk * w..].as_ptr().cast::<u32>();
+                for (keys, vecs) in parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
+                    assert!(keys.end <= n && vecs.end <= NV);
+                    let nv = vecs.len();
+                    let mut j = keys.start;
+                    while j < keys.end {
+                        let m = share(keys.end - j, mr(nv));
+                        if j < next_n {
+                            let next = (j0 + n + j, m.min(next_n - j));
+                            prefetch_rows(k, &p.k, head, next, dk, Hint::L2);
+                            prefetch_rows(v, &p.v, head, next, dv, Hint::L2);
+                        }
+                        ahead.issue();
+                        let at = vecs.start * LANES;
+                        // SAFETY: krows holds n rows of dk bf16, ks apart;
+                        // the panel is d2 x w words; st holds n x w floats
+                        // (asserted above); j + m <= keys.end <= n and
+                        // vecs.end <= NV (asserted per part), m <= mr(nv);
+                        // the CPU runs the bf16 level (this function's
+                        // contract).
+                        unsafe {
+                            scores_part(
+                                nv,
+                                m,
+                                krows[j * ks..].as_ptr(),
+                                ks,
+                                qp.add(at),
+                                w,
+                                d2,
+                                c,
+                                st[j * w + at..].as_mut_ptr(),
+                            )
+                        };
+                        j += m;
+                    }
+                }
+                // The next tile is asked for once, by the first block.
+                next_n = 0;
+                if masked {
+                    transform(ctx, it, st, (j0, n), &rows[i]);
+                }
+                let n2 = n.div_ceil(2);
+                assert!(pt2.len() >= n2 * w);
+                let pp = pt2.as_mut_ptr();
+                let alpha = sms[i].update_pairs(st, n, |jp, r, e0, e1| {
+                    assert!(jp < n2 && r < NV);
+                    // SAFETY: jp < n2 and r < NV (asserted): 16 words at
+                    // row jp, vector r of the pair tile (n2 x w words).
+                    unsafe { store_pairs(pp.add(jp * w + r * LANES), e0, e1) };
+                });
+                let out = ot[i * dv * w..(i + 1) * dv * w].as_mut_ptr();
+                let mut col = 0;
+                while col < dv {
+                    let m = mr(NV).min(dv - col);
+                    // SAFETY: the packed values hold n2 rows of dv words,
+                    // vs apart (col + m <= dv); pt2 holds n2 x w words
+                    // (asserted); this item's output is dv x w floats;
+                    // alpha holds NV factors.
+                    unsafe {
+                        pv_part(
+                            NV,
+                            m,
+                            vp.add(col),
+                            vs,
+                            pp,
+                            w,
+                            n2,
+                            out.add(col * w),
+                            Some(&alpha),
+                        )
+                    };
+                    col += m;
+                }
+            }
+            j0 += n;
+        }
+        sms
+    }
+
+    /// Rounds two vectors of probabilities (keys `2i` and `2i + 1`) to
+    /// bf16 and stores them as 16 words, lane `r` holding row `r`'s pair.
+    ///
+    /// # Safety
+    /// `p..p+16` writable; the CPU runs AVX-512 BW and BF16.
+    #[inline(always)]
+    unsafe fn store_pairs(p: *mut u32, e0: V16, e1: V16) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            // Low 16 words: e0's lanes; high 16: e1's.
+            let both = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(e1.0, e0.0));
+            // Word 2l takes e0's lane l (word l), word 2l + 1 e1's (16 + l).
+            let idx = _mm512_set_epi16(
+                31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                20, 4, 19, 3, 18, 2, 17, 1, 16, 0,
+            );
+            _mm512_storeu_si512(p.cast(), _mm512_permutexvar_epi16(idx, both));
+        }
+    }
+
+    /// Packs the block's query rows into the pair panel at `qp` (`d2` rows
+    /// of `w` words: word `e * w + r` holds row `r`'s elements `2e` and
+    /// `2e + 1`); lanes past the block are zero. Sixteen rows at a time through
+    /// 16 x 16 transposes of words (shuffles only: bit-exact).
+    ///
+    /// # Safety
+    /// `qp..qp + d2 * w` writable; rows of Q contiguous; the CPU runs
+    /// AVX-512 F.
+    #[inline(always)]
+    unsafe fn pack_q_pairs(
+        q: &[u16],
+        view: &View,
+        item: &Item,
+        (d2, w): (usize, usize),
+        qp: *mut u32,
+    ) {
+        let n = item.rows();
+        assert!(view.strides[3] == 1 && w.is_multiple_of(LANES));
+        for r0 in (0..w).step_by(LANES) {
+            let live = n.saturating_sub(r0).min(LANES);
+            // Row i's d2 words (null past the block).
+            let src: [*const u32; LANES] = std::array::from_fn(|i| {
+                if i < live {
+                    let (pos, h) = item.row(r0 + i);
+                    let at = view.index([item.b, pos, h, 0]);
+                    q[at..at + 2 * d2].as_ptr().cast::<u32>()
+                } else {
+                    std::ptr::null()
+                }
+            });
+            let mut e0 = 0;
+            while e0 + LANES <= d2 {
+                let mut blk = [V16::ZERO; LANES];
+                for (b, &s) in blk.iter_mut().zip(&src) {
+                    if !s.is_null() {
+                        // SAFETY: src[i] holds d2 words (unaligned loads)
+                        // and e0 + 16 <= d2.
+                        *b = unsafe { V16::load(s.add(e0).cast::<f32>()) };
+                    }
+                }
+                for (i, t) in V16::transpose16(blk).into_iter().enumerate() {
+                    // SAFETY: (e0 + i) * w + r0 + 16 <= d2 * w (the
+                    // caller's extent).
+                    unsafe { t.store(qp.add((e0 + i) * w + r0).cast::<f32>()) };
+                }
+                e0 += LANES;
+            }
+            for e in e0..d2 {
+                for (i, &s) in src.iter().enumerate() {
+                    // SAFETY: a non-null src[i] holds d2 words; e < d2; the
+                    // panel holds d2 x w words.
+                    unsafe {
+                        let x = if s.is_null() {
+                            0
+                        } else {
+                            s.add(e).read_unaligned()
+                        };
+                        *qp.add(e * w + r0 + i) = x;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Packs value rows `j0..j0+n` (batch `b`, head `g`) into pairs of keys:
+    /// word `i * vs + c` holds `V[j0 + 2i][c]` (low half) and
+    /// `V[j0 + 2i + 1][c]` (high half; 0 past the tile).
+    ///
+    /// # Safety
+    /// `vp..vp + ceil(n/2) * vs` writable, `vs >= d`; the CPU runs AVX-512
+    /// F and BW.
+    #[inline(always)]
+    unsafe fn pack_v_pairs(
+        v: &[u16],
+        view: &View,
+        (b, g): (usize, usize),
+        (j0, n): (usize, usize),
+        d: usize,
+        (vp, vs): (*mut u32, usize),
+    ) {
+        let contiguous = view.strides[3] == 1 || d == 1;
+        let elem = |j: usize, c: usize| v[view.index([b, j, g, 0]) + c * view.strides[3]];
+        for i in 0..n.div_ceil(2) {
+            let (ja, jb) = (j0 + 2 * i, j0 + 2 * i + 1);
+            let has_b = 2 * i + 1 < n;
+            // SAFETY: row i of the packed tile (d <= vs words) is within the
+            // caller's extent; the row loads read d elements of rows ja and
+            // jb, which the views place inside `v`.
+            unsafe {
+                let dst = vp.add(i * vs);
+                let mut c = 0;
+                if contiguous {
+                    let ra = v[view.index([b, ja, g, 0])..][..d].as_ptr();
+                    let rb = if has_b {
+                        v[view.index([b, jb, g, 0])..][..d].as_ptr()
+                    } else {
+                        std::ptr::null()
+                    };
+                    // Word 2l of `lo` takes a's element l, word 2l + 1 b's
+                    // (index 32 + l picks the second operand); `hi` the
+                    // same for elements 16..32.
+                    let lo = _mm512_set_epi16(
+                        47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0,
+                    );
+                    let hi = _mm512_set_epi16(
+                        63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
+                        22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16,
+                    );
+                    while c + 32 <= d {
+                        let a = _mm512_loadu_si512(ra.add(c).cast());
+                        let bb = if has_b {
+                            _mm512_loadu_si512(rb.add(c).cast())
+                        } else {
+                            _mm512_setzero_si512()
+                        };
+                        _mm512_storeu_si512(
+                            dst.add(c).cast(),
+                            _mm512_permutex2var_epi16(a, lo, bb),
+                        );
+                        _mm512_storeu_si512(
+                            dst.add(c + 16).cast(),
+                            _mm512_permutex2var_epi16(a, hi, bb),
+                        );
+                        c += 32;
+                    }
+                }
+                for c in c..d {
+                    let hb = if has_b { elem(jb, c) } else { 0 };
+                    *dst.add(c) = elem(ja, c) as u32 | (hb as u32) << 16;
+                }
+            }
+        }
+    }
+}
