@@ -76,6 +76,37 @@ impl Parts {
         out
     }
 
+    /// The same parts cut only at even keys, for kernels that take keys in
+    /// pairs (`dot16/`): a part that starts at an odd key gives that key to
+    /// the part before, which then spans the hull of both parts' vectors.
+    /// Every key still meets every vector that sees it; a vector it meets
+    /// without seeing it multiplies probabilities of 0 (masked scores).
+    pub fn paired(&self) -> Self {
+        let mut out = Parts {
+            parts: [(0, 0, 0, 0); MAX],
+            len: 0,
+        };
+        let hull = |(a0, a1): (usize, usize), (b0, b1): (usize, usize)| match (a0 < a1, b0 < b1) {
+            (true, true) => (a0.min(b0), a1.max(b1)),
+            (true, false) => (a0, a1),
+            _ => (b0, b1),
+        };
+        for &(mut a, b, v0, v1) in &self.parts[..self.len] {
+            if a % 2 == 1 {
+                let last = &mut out.parts[out.len - 1];
+                (last.2, last.3) = hull((last.2, last.3), (v0, v1));
+                a += 1;
+                last.1 = a.min(b);
+                if a >= b {
+                    continue;
+                }
+            }
+            out.parts[out.len] = (a, b, v0, v1);
+            out.len += 1;
+        }
+        out
+    }
+
     /// Whether this is one part of all `n` keys and all `nv` vectors.
     pub fn is_whole(&self, n: usize, nv: usize) -> bool {
         self.len == 1 && self.parts[0] == (0, n, 0, nv)
@@ -138,15 +169,29 @@ mod tests {
     #[test]
     fn every_key_of_every_vector_is_covered() {
         // Exhaustive over small bounds: a vector that sees key j lies in
-        // the range of the part that holds j, and parts tile 0..n.
+        // the range of the part that holds j, and parts tile 0..n; also
+        // when re-cut at even keys.
         let vals = [0usize, 3, 8, 13];
         for lo0 in vals {
             for len0 in vals {
                 for lo1 in vals {
                     for len1 in vals {
                         let b = [(lo0, lo0 + len0), (lo1, lo1 + len1)];
-                        for (j0, n) in [(0, 16), (2, 9), (5, 1)] {
-                            let ps = parts(&b, (j0, n));
+                        for ((j0, n), paired) in [(0, 16), (2, 9), (5, 1)]
+                            .into_iter()
+                            .flat_map(|t| [(t, false), (t, true)])
+                        {
+                            let cut = Parts::cut(&b, (j0, n));
+                            let ps: Vec<_> = if paired {
+                                let ps: Vec<_> = cut.paired().iter().collect();
+                                for (keys, _) in &ps {
+                                    assert!(keys.start % 2 == 0, "{b:?} {j0} {n}: {ps:?}");
+                                    assert!(keys.end % 2 == 0 || keys.end == n);
+                                }
+                                ps
+                            } else {
+                                cut.iter().collect()
+                            };
                             assert_eq!(ps.first().unwrap().0.start, 0);
                             assert_eq!(ps.last().unwrap().0.end, n);
                             for w in ps.windows(2) {

@@ -15,8 +15,8 @@
 //!   once per tile for both blocks of a pass. The conformance bound allows
 //!   P rounded to the input type.
 //! - Masked tiles run the score kernel on the parts of the tile each
-//!   vector of rows sees (`parts.rs`), as the f32 pass; `P V` runs on the
-//!   whole tile, where the probabilities outside each row's keys are 0.
+//!   vector of rows sees (`parts.rs`), as the f32 pass, and `P V` on those
+//!   parts re-cut at even keys (`Parts::paired`).
 //!
 //! - `vdpbf16ps` flushes subnormal inputs and results to zero (DAZ, FTZ),
 //!   and unscaled sums can overflow where scaled ones would not. So a pass
@@ -60,27 +60,6 @@ pub fn applies<T: Element>(ctx: &Ctx<'_, T>, isa: Isa) -> bool {
 #[inline(always)]
 pub fn fits(x: u16) -> bool {
     (x & 0x7fff) == 0 || ((x >> 7) & 0xff).wrapping_sub(63) <= 183 - 63
-}
-
-/// Whether every element of rows `j0..j0+n` (batch `b`, head `g`, `d`
-/// elements each) of a bf16 tensor [`fits`].
-#[inline(always)]
-pub fn rows_fit(
-    src: &[u16],
-    view: &attn_spec::View,
-    (b, g): (usize, usize),
-    (j0, n): (usize, usize),
-    d: usize,
-) -> bool {
-    (j0..j0 + n).all(|j| {
-        let at = view.index([b, j, g, 0]);
-        if view.strides[3] == 1 || d == 1 {
-            // No early exit inside a row: the fold vectorizes.
-            src[at..at + d].iter().fold(true, |ok, &x| ok & fits(x))
-        } else {
-            (0..d).all(|c| fits(src[at + c * view.strides[3]]))
-        }
-    })
 }
 
 /// The keys of one (batch, K/V head) whose K and V rows a thread has found
@@ -200,12 +179,15 @@ mod pass {
         let q_fits = items.iter().all(|it| {
             (0..it.rows()).all(|r| {
                 let (pos, h) = it.row(r);
-                super::rows_fit(q, &p.q, (it.b, h), (pos, 1), dk)
+                // SAFETY: the CPU runs this level (this function's contract).
+                unsafe { rows_fit(q, &p.q, (it.b, h), (pos, 1), dk) }
             })
         });
         let kv_fits = ws.checked.span_fits(head, (lo, hi), |a, b| {
-            super::rows_fit(k, &p.k, head, (a, b - a), dk)
-                && super::rows_fit(v, &p.v, head, (a, b - a), dv)
+            // SAFETY: as above.
+            unsafe {
+                rows_fit(k, &p.k, head, (a, b - a), dk) && rows_fit(v, &p.v, head, (a, b - a), dv)
+            }
         });
         if !(q_fits && kv_fits) {
             return crate::tiling::run_items::<V16, T, NV>(ctx, items, ws);
@@ -267,10 +249,18 @@ mod pass {
                 j0 += n;
                 continue;
             }
-            assert!(vbuf.len() >= n.div_ceil(2) * vs && vs >= dv);
-            // SAFETY: vbuf holds ceil(n/2) rows of vs words (asserted); the
-            // CPU runs AVX-512 (this function's contract).
-            unsafe { pack_v_pairs(v, &p.v, head, (j0, n), dv, (vp, vs)) };
+            let n2 = n.div_ceil(2);
+            assert!(vbuf.len() >= n2 * vs && vs >= dv);
+            // The tile's values are packed pair by pair between the first
+            // block's score kernels, each group one kernel call after its
+            // prefetch into L1, so the copy overlaps the arithmetic.
+            let mut packed = 0;
+            let pack = |pairs: std::ops::Range<usize>| {
+                assert!(pairs.end <= n2);
+                // SAFETY: vbuf holds n2 rows of vs words (asserted); the CPU
+                // runs AVX-512 (this function's contract).
+                unsafe { pack_v_pairs(v, &p.v, head, (j0, n), pairs, dv, (vp, vs)) };
+            };
             let (krows, ks) = typed_rows(k, &p.k, head, (j0, n), dk)
                 .expect("K rows are contiguous (dot16::applies)");
             assert!(krows.len() >= (n - 1) * ks + dk && st.len() >= n * w);
@@ -299,6 +289,12 @@ mod pass {
                             prefetch_rows(k, &p.k, head, next, dk, Hint::L2);
                             prefetch_rows(v, &p.v, head, next, dv, Hint::L2);
                         }
+                        if packed < n2 {
+                            prefetch_rows(v, &p.v, head, (j0 + j, m), dv, Hint::L1);
+                            let upto = (j / 2).max(packed);
+                            pack(packed..upto);
+                            packed = upto;
+                        }
                         ahead.issue();
                         let at = vecs.start * LANES;
                         // SAFETY: krows holds n rows of dk bf16, ks apart;
@@ -323,12 +319,14 @@ mod pass {
                         j += m;
                     }
                 }
-                // The next tile is asked for once, by the first block.
+                // The next tile is asked for once, and the values packed,
+                // by the first block.
                 next_n = 0;
+                pack(packed..n2);
+                packed = n2;
                 if masked {
                     transform(ctx, it, st, (j0, n), &rows[i]);
                 }
-                let n2 = n.div_ceil(2);
                 assert!(pt2.len() >= n2 * w);
                 let pp = pt2.as_mut_ptr();
                 let alpha = sms[i].update_pairs(st, n, |jp, r, e0, e1| {
@@ -338,32 +336,121 @@ mod pass {
                     unsafe { store_pairs(pp.add(jp * w + r * LANES), e0, e1) };
                 });
                 let out = ot[i * dv * w..(i + 1) * dv * w].as_mut_ptr();
-                let mut col = 0;
-                while col < dv {
-                    let m = mr(NV).min(dv - col);
-                    // SAFETY: the packed values hold n2 rows of dv words,
-                    // vs apart (col + m <= dv); pt2 holds n2 x w words
-                    // (asserted); this item's output is dv x w floats;
-                    // alpha holds NV factors.
-                    unsafe {
-                        pv_part(
-                            NV,
-                            m,
-                            vp.add(col),
-                            vs,
-                            pp,
-                            w,
-                            n2,
-                            out.add(col * w),
-                            Some(&alpha),
-                        )
-                    };
-                    col += m;
+                let pv_parts = parts.paired();
+                if pv_parts.is_whole(n, NV) {
+                    let mut col = 0;
+                    while col < dv {
+                        let m = mr(NV).min(dv - col);
+                        // SAFETY: the packed values hold n2 rows of dv
+                        // words, vs apart (col + m <= dv); pt2 holds n2 x w
+                        // words (asserted); this item's output is dv x w
+                        // floats; alpha holds NV factors.
+                        unsafe {
+                            pv_part(
+                                NV,
+                                m,
+                                vp.add(col),
+                                vs,
+                                pp,
+                                w,
+                                n2,
+                                out.add(col * w),
+                                Some(&alpha),
+                            )
+                        };
+                        col += m;
+                    }
+                    continue;
+                }
+                // Parts: rescale the running output once, then add each
+                // part's pairs of keys on its vectors only.
+                for col in 0..dv {
+                    for (r, a) in alpha.iter().enumerate() {
+                        // SAFETY: col < dv and r < NV: 16 floats of this
+                        // item's dv x w output.
+                        unsafe {
+                            let o = out.add(col * w + r * LANES);
+                            (V16::load(o) * *a).store(o);
+                        }
+                    }
+                }
+                for (keys, vecs) in pv_parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
+                    assert!(keys.end <= n && vecs.end <= NV && keys.start.is_multiple_of(2));
+                    let (i0, i1, nv) = (keys.start / 2, keys.end.div_ceil(2), vecs.len());
+                    let at = vecs.start * LANES;
+                    let mut col = 0;
+                    while col < dv {
+                        let m = share(dv - col, mr(nv));
+                        // SAFETY: pairs i0..i1 <= n2 of the packed values
+                        // (rows of dv words, vs apart, col + m <= dv) and
+                        // of pt2 (n2 x w words); vectors vecs.end <= NV of
+                        // this item's dv x w output.
+                        unsafe {
+                            pv_part(
+                                nv,
+                                m,
+                                vp.add(i0 * vs + col),
+                                vs,
+                                pp.add(i0 * w + at),
+                                w,
+                                i1 - i0,
+                                out.add(col * w + at),
+                                None,
+                            )
+                        };
+                        col += m;
+                    }
                 }
             }
             j0 += n;
         }
         sms
+    }
+
+    /// Whether every element of rows `j0..j0+n` (batch `b`, head `g`, `d`
+    /// elements each) of a bf16 tensor [`fits`](super::fits): 32 at a time
+    /// (a test, a shift, a subtraction and a compare), any rest one by one.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 BW.
+    #[inline(always)]
+    unsafe fn rows_fit(
+        src: &[u16],
+        view: &View,
+        (b, g): (usize, usize),
+        (j0, n): (usize, usize),
+        d: usize,
+    ) -> bool {
+        let fits = super::fits;
+        let mut bad: __mmask32 = 0;
+        for j in j0..j0 + n {
+            let at = view.index([b, j, g, 0]);
+            if view.strides[3] != 1 && d != 1 {
+                if !(0..d).all(|c| fits(src[at + c * view.strides[3]])) {
+                    return false;
+                }
+                continue;
+            }
+            let row = &src[at..at + d];
+            let mut c = 0;
+            while c + 32 <= d {
+                // SAFETY: c + 32 <= d elements of the row; the CPU runs
+                // AVX-512 BW (this function's contract).
+                unsafe {
+                    let x = _mm512_loadu_si512(row.as_ptr().add(c).cast());
+                    let nonzero = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x7fff));
+                    let e = _mm512_and_si512(_mm512_srli_epi16::<7>(x), _mm512_set1_epi16(0xff));
+                    let off = _mm512_sub_epi16(e, _mm512_set1_epi16(63));
+                    let in_range = _mm512_cmple_epu16_mask(off, _mm512_set1_epi16(183 - 63));
+                    bad |= nonzero & !in_range;
+                }
+                c += 32;
+            }
+            if bad != 0 || !row[c..].iter().all(|&x| fits(x)) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Rounds two vectors of probabilities (keys `2i` and `2i + 1`) to
@@ -450,7 +537,7 @@ mod pass {
         }
     }
 
-    /// Packs value rows `j0..j0+n` (batch `b`, head `g`) into pairs of keys:
+    /// Packs pairs `pairs` of value rows `j0..j0+n` (batch `b`, head `g`):
     /// word `i * vs + c` holds `V[j0 + 2i][c]` (low half) and
     /// `V[j0 + 2i + 1][c]` (high half; 0 past the tile).
     ///
@@ -463,12 +550,14 @@ mod pass {
         view: &View,
         (b, g): (usize, usize),
         (j0, n): (usize, usize),
+        pairs: std::ops::Range<usize>,
         d: usize,
         (vp, vs): (*mut u32, usize),
     ) {
         let contiguous = view.strides[3] == 1 || d == 1;
         let elem = |j: usize, c: usize| v[view.index([b, j, g, 0]) + c * view.strides[3]];
-        for i in 0..n.div_ceil(2) {
+        assert!(pairs.end <= n.div_ceil(2));
+        for i in pairs {
             let (ja, jb) = (j0 + 2 * i, j0 + 2 * i + 1);
             let has_b = 2 * i + 1 < n;
             // SAFETY: row i of the packed tile (d <= vs words) is within the
