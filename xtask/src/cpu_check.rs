@@ -1,9 +1,10 @@
 //! `cargo xtask cpu-check`: attn-cpu's kernels keep their accumulators in
 //! registers on every SIMD level. Disassembles its own executable (a
 //! release build that links attn-cpu's forward pass, every level compiled
-//! in: dispatch is at run time) with `objdump`, and counts,
-//! in each level's out-of-line functions (`kernel_entries!`), the
-//! instructions that move a vector register to or from the stack: in the
+//! in: dispatch is at run time) with `objdump`, and counts, in each
+//! level's out-of-line functions (`kernel_entries!`; `dot16::` for the
+//! avx512bf16 level), the instructions that move a vector register to or
+//! from the stack: in the
 //! microkernels (`scores_part`, `pv_part`) every such move is a spill,
 //! and the check fails on one; `run_items` and `decode_tile` (the loop
 //! nest around them) are reported for information.
@@ -40,7 +41,7 @@ pub fn run() -> Result<(), String> {
             spills.push(format!("{level}::{func} ({moves})"));
         }
     }
-    for level in ["portable", "avx2", "avx512"] {
+    for level in ["portable", "avx2", "avx512", "avx512bf16"] {
         for func in KERNELS {
             if !counts.contains_key(&(level.to_string(), func.to_string())) {
                 return Err(format!("{level}::{func} is missing from the disassembly"));
@@ -82,10 +83,19 @@ fn stack_moves(asm: &str) -> BTreeMap<(String, String), (usize, usize)> {
     counts
 }
 
-/// `(level, function)` of a demangled symbol in a level's `kernels` module.
+/// `(level, function)` of a demangled symbol in a level's `kernels` module
+/// (the bf16 dot-product pass and its kernels, `attn_cpu::dot16::`, are the
+/// `avx512bf16` level's).
 fn kernel_name(symbol: &str) -> Option<(String, String)> {
-    let rest = symbol.strip_prefix("attn_cpu::simd::")?;
-    let (level, rest) = rest.split_once("::kernels::")?;
+    let dot16 = ["attn_cpu::dot16::kernels::", "attn_cpu::dot16::pass::"]
+        .iter()
+        .find_map(|p| symbol.strip_prefix(p));
+    let (level, rest) = match dot16 {
+        Some(rest) => ("avx512bf16", rest),
+        None => symbol
+            .strip_prefix("attn_cpu::simd::")?
+            .split_once("::kernels::")?,
+    };
     let func: String = rest
         .chars()
         .take_while(|c| c.is_alphanumeric() || *c == '_')
@@ -108,10 +118,16 @@ mod tests {
     2000:\tvfmadd231ps 0x40(%rsp),%ymm1,%ymm2
 0000000000003000 <other::function>:
     3000:\tvmovups %ymm3,0x20(%rsp)
+0000000000004000 <attn_cpu::dot16::kernels::pv_part>:
+    4000:\tvdpbf16ps %zmm1,%zmm2,%zmm3
+0000000000005000 <attn_cpu::dot16::pass::try_pass<half::bfloat::bf16, 4>>:
+    5000:\tvmovups %zmm3,0x40(%rsp)
 ";
         let c = stack_moves(asm);
         assert_eq!(c[&("avx2".into(), "scores_part".into())], (3, 1));
         assert_eq!(c[&("avx2".into(), "run_items".into())], (1, 1));
-        assert_eq!(c.len(), 2);
+        assert_eq!(c[&("avx512bf16".into(), "pv_part".into())], (1, 0));
+        assert_eq!(c[&("avx512bf16".into(), "try_pass".into())], (1, 1));
+        assert_eq!(c.len(), 4);
     }
 }

@@ -239,3 +239,65 @@ fn paired_blocks_pass() {
         assert_eq!(run(1), run(2), "case {i}: thread counts differ");
     }
 }
+
+/// bf16 inputs that `vdpbf16ps` would not compute exactly enough (a
+/// subnormal value, a huge key, a tiny query element; attn-cpu's
+/// `dot16::fits`) send the passes that meet them back to the f32 kernels,
+/// even after some of their key tiles ran on the bf16 path: the results
+/// pass the suite's check, and the rows whose passes met the value are
+/// bitwise those of the f32 pass (the `avx512` level), while a head
+/// without such a value runs on the bf16 path.
+#[test]
+fn bf16_values_out_of_the_dot_product_range_fall_back() {
+    if !Isa::Avx512Bf16.supported() {
+        eprintln!("skipped: this CPU has no AVX512_BF16");
+        return;
+    }
+    let dot = Cpu::with_threads(1)
+        .unwrap()
+        .with_isa(Isa::Avx512Bf16)
+        .unwrap();
+    let f32_pass = Cpu::with_threads(1).unwrap().with_isa(Isa::Avx512).unwrap();
+    let shape = Shape::new(1, 2, 2, 300, 700, 64);
+    // (tensor, position, value): row i sees keys up to 400 + i (causal,
+    // bottom-right), so rows 200.. meet key 600 and every row key 300.
+    let cases = [
+        ("v", 600, 1e-39f32),
+        ("k", 300, 2f32.powi(60)),
+        ("q", 290, 1e-30),
+    ];
+    for (tensor, pos, x) in cases {
+        let mut params = CaseParams::plain(shape);
+        params.dtype = DType::Bf16;
+        params.options = AttnOptions::default().causal().with_lse();
+        params.seed = 5;
+        let mut case = Case::build(params);
+        let (view, data) = match tensor {
+            "q" => (case.problem.q, &mut case.q),
+            "k" => (case.problem.k, &mut case.k),
+            _ => (case.problem.v, &mut case.v),
+        };
+        let attn_spec::HostData::Bf16(d) = data else {
+            panic!("bf16 case")
+        };
+        d[view.index([0, pos, 0, 3])] = attn_spec::bf16::from_f32(x);
+        assert_eq!(check_case(&dot, &case), Ok(Outcome::Passed), "{tensor}");
+        let a = dot.forward(&case.problem, case.inputs()).unwrap().out;
+        let b = f32_pass.forward(&case.problem, case.inputs()).unwrap().out;
+        let (attn_spec::HostData::Bf16(a), attn_spec::HostData::Bf16(b)) = (a, b) else {
+            panic!("bf16 outputs")
+        };
+        let row = |o: &[attn_spec::bf16], i: usize, h: usize| {
+            let at = case.problem.out.index([0, i, h, 0]);
+            o[at..at + 64].to_vec()
+        };
+        let met = if tensor == "q" { 256..300 } else { 200..300 };
+        for i in met {
+            assert_eq!(row(&a, i, 0), row(&b, i, 0), "{tensor}: head 0 row {i}");
+        }
+        assert!(
+            (0..300).any(|i| row(&a, i, 1) != row(&b, i, 1)),
+            "{tensor}: head 1 should run on the bf16 path"
+        );
+    }
+}

@@ -20,15 +20,16 @@
 //!
 //! - `vdpbf16ps` flushes subnormal inputs and results to zero (DAZ, FTZ),
 //!   and unscaled sums can overflow where scaled ones would not. So a pass
-//!   runs here only when every element of its query rows and of the K and
-//!   V rows of its key span is 0 or of magnitude in `[2^-64, 2^56]`
-//!   ([`fits`]); otherwise (subnormals, absurdly small or large values,
-//!   infinities, NaN) it runs the f32 pass, which is exact about them. In
-//!   range, a flushed product or partial sum is below `2^-126` in size:
-//!   under `2^-126 (n + d)` in a score or an output against values of at
-//!   least `2^-64`, far inside the bound's floor; and `d * 2^112` cannot
-//!   overflow. The check reads each K and V row once per head and thread
-//!   (`Checked`), from cache, beside a pass that reads it many times.
+//!   runs here only while every element of its query rows and of the K and
+//!   V rows of its key tiles is 0 or of magnitude in `[2^-64, 2^57)`
+//!   ([`fits`]); at the first that is not (subnormals, absurdly small or
+//!   large values, infinities, NaN) the pass starts over on the f32
+//!   kernels, which are exact about them. In range, a flushed product or
+//!   partial sum is below `2^-126` in size: under `2^-126 (n + d)` in a
+//!   score or an output against values of at least `2^-64`, far inside the
+//!   bound's floor; and `d * 2^114` stays finite for `d < 2^14`. The check
+//!   reads each K and V tile once per head and thread (`Checked`), from
+//!   cache, and each query row while packing it.
 //!
 //! Everything else (masks, soft-capping, ALiBi, bias, the online softmax,
 //! the output) is the f32 pass's code, inlined here with the bf16
@@ -43,20 +44,22 @@ use crate::Isa;
 use attn_spec::{DType, Element};
 
 /// Whether `ctx`'s prefill blocks run this pass on level `isa`: bf16
-/// inputs on the `avx512bf16` level, an even head dimension of Q and K,
-/// and Q and K rows contiguous (read as pairs in place).
+/// inputs on the `avx512bf16` level, an even head dimension of Q and K
+/// below `2^14` (module docs), and Q and K rows contiguous (read as pairs
+/// in place).
 pub fn applies<T: Element>(ctx: &Ctx<'_, T>, isa: Isa) -> bool {
     let p = ctx.p;
     cfg!(target_arch = "x86_64")
         && isa == Isa::Avx512Bf16
         && T::DTYPE == DType::Bf16
         && p.shape.head_dim_qk.is_multiple_of(2)
+        && p.shape.head_dim_qk < 1 << 14
         && p.q.strides[3] == 1
         && p.k.strides[3] == 1
 }
 
 /// Whether bf16 element `x` (its bits) may enter `vdpbf16ps` here: zero,
-/// or a magnitude in `[2^-64, 2^56]` (biased exponent 63 to 183).
+/// or a magnitude in `[2^-64, 2^57)` (biased exponent 63 to 183).
 #[inline(always)]
 pub fn fits(x: u16) -> bool {
     (x & 0x7fff) == 0 || ((x >> 7) & 0xff).wrapping_sub(63) <= 183 - 63
@@ -79,36 +82,78 @@ impl Checked {
         self.keys = 0..0;
     }
 
-    /// Whether keys `lo..hi` of head `g` fit: checks (with `check`, on a
-    /// range of keys) what is not known yet and remembers what fits.
-    pub fn span_fits(
-        &mut self,
-        g: (usize, usize),
-        (lo, hi): (usize, usize),
-        mut check: impl FnMut(usize, usize) -> bool,
-    ) -> bool {
-        if lo >= hi {
-            return true;
-        }
-        let known = self.head == Some(g) && self.keys.start <= lo;
-        if known && hi <= self.keys.end {
-            return true;
-        }
-        let from = if known && lo <= self.keys.end {
-            self.keys.end
+    /// Whether keys `keys` of head `g` are known to fit.
+    pub fn covers(&self, g: (usize, usize), keys: &std::ops::Range<usize>) -> bool {
+        self.head == Some(g) && self.keys.start <= keys.start && keys.end <= self.keys.end
+    }
+
+    /// Records that keys `keys` of head `g` fit: extends the range held
+    /// when they touch it, else replaces it.
+    pub fn add(&mut self, g: (usize, usize), keys: std::ops::Range<usize>) {
+        let k = &self.keys;
+        self.keys = if self.head == Some(g) && keys.start <= k.end && k.start <= keys.end {
+            k.start.min(keys.start)..k.end.max(keys.end)
         } else {
-            lo
+            keys
         };
-        if !check(from, hi) {
-            return false;
+        self.head = Some(g);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_spec::bf16;
+
+    #[test]
+    fn fits_takes_zero_and_magnitudes_from_2_pow_minus_64_below_2_pow_57() {
+        let yes = [
+            0.0f32,
+            -0.0,
+            1.0,
+            -3.5,
+            2f32.powi(-64),
+            -(2f32.powi(56)),
+            1.5 * 2f32.powi(56),
+        ];
+        let no = [
+            2f32.powi(-65),
+            -(2f32.powi(-100)),
+            1e-39, // subnormal in bf16 too
+            2f32.powi(57),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        for x in yes {
+            assert!(fits(bf16::from_f32(x).to_bits()), "{x}");
         }
-        if from == lo {
-            self.head = Some(g);
-            self.keys = lo..hi;
-        } else {
-            self.keys.end = hi;
+        for x in no {
+            assert!(!fits(bf16::from_f32(x).to_bits()), "{x}");
         }
-        true
+        // Every bit pattern agrees with the definition.
+        for bits in 0..=u16::MAX {
+            let x = bf16::from_bits(bits).to_f32();
+            let want = x == 0.0 || (2f32.powi(-64) <= x.abs() && x.abs() < 2f32.powi(57));
+            assert_eq!(fits(bits), want, "{bits:#06x}");
+        }
+    }
+
+    #[test]
+    fn checked_keeps_one_range_of_one_head() {
+        let mut c = Checked::default();
+        let (a, b) = ((0, 1), (0, 2));
+        assert!(!c.covers(a, &(0..1)));
+        c.add(a, 0..128);
+        c.add(a, 128..200);
+        assert!(c.covers(a, &(0..200)) && c.covers(a, &(50..60)));
+        assert!(!c.covers(a, &(0..201)) && !c.covers(b, &(0..10)));
+        c.add(a, 300..310);
+        assert!(c.covers(a, &(300..310)) && !c.covers(a, &(0..10)));
+        c.add(b, 0..10);
+        assert!(c.covers(b, &(0..10)) && !c.covers(a, &(300..310)));
+        c.forget();
+        assert!(!c.covers(b, &(0..10)));
     }
 }
 
@@ -145,6 +190,29 @@ mod pass {
         items: &[Item],
         ws: &mut Workspace,
     ) -> [OnlineSoftmax<V16, NV>; 2] {
+        // SAFETY: forwarded from the caller.
+        match unsafe { try_pass::<T, NV>(ctx, items, ws) } {
+            Some(states) => states,
+            // Values vdpbf16ps would not compute exactly enough (module
+            // docs): the f32 pass, from the start.
+            None => crate::tiling::run_items::<V16, T, NV>(ctx, items, ws),
+        }
+    }
+
+    /// [`run_items`], or `None` as soon as a query row or a key tile holds
+    /// an element that does not [`fit`](super::fits).
+    ///
+    /// # Safety
+    /// As [`run_items`].
+    ///
+    /// (With the target features of its own: the closures in it take them
+    /// from here, and the intrinsics they call inline only where they are.)
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+    unsafe fn try_pass<T: CpuElement, const NV: usize>(
+        ctx: &Ctx<'_, T>,
+        items: &[Item],
+        ws: &mut Workspace,
+    ) -> Option<[OnlineSoftmax<V16, NV>; 2]> {
         assert!(ctx.dot16 && T::DTYPE == DType::Bf16 && size_of::<T>() == 2);
         // SAFETY: T is bf16 (asserted): two bytes of plain bits each.
         let bits =
@@ -174,24 +242,6 @@ mod pass {
             .filter(|(lo, hi)| lo < hi)
             .fold((usize::MAX, 0), |(a, b), &(lo, hi)| (a.min(lo), b.max(hi)));
         let lo = lo.min(hi);
-        // Values vdpbf16ps would not compute exactly enough send the pass
-        // to the f32 kernels (module docs).
-        let q_fits = items.iter().all(|it| {
-            (0..it.rows()).all(|r| {
-                let (pos, h) = it.row(r);
-                // SAFETY: the CPU runs this level (this function's contract).
-                unsafe { rows_fit(q, &p.q, (it.b, h), (pos, 1), dk) }
-            })
-        });
-        let kv_fits = ws.checked.span_fits(head, (lo, hi), |a, b| {
-            // SAFETY: as above.
-            unsafe {
-                rows_fit(k, &p.k, head, (a, b - a), dk) && rows_fit(v, &p.v, head, (a, b - a), dv)
-            }
-        });
-        if !(q_fits && kv_fits) {
-            return crate::tiling::run_items::<V16, T, NV>(ctx, items, ws);
-        }
         let Workspace {
             qt,
             st,
@@ -200,6 +250,7 @@ mod pass {
             pt2,
             ahead,
             head: ws_head,
+            checked,
             ..
         } = ws;
         // Query panels: d/2 rows of w words each, in qt's f32 slots.
@@ -209,7 +260,9 @@ mod pass {
             // SAFETY: qt holds dk * w floats per item (asserted), room for
             // d2 * w words; Q rows are contiguous (`applies`); the CPU runs
             // AVX-512 (this function's contract).
-            unsafe { pack_q_pairs(q, &p.q, it, (d2, w), panel) };
+            if !unsafe { pack_q_pairs(q, &p.q, it, (d2, w), panel) } {
+                return None;
+            }
         }
         ot[..items.len() * dv * w].fill(0.0);
         let mut sms = [
@@ -248,6 +301,19 @@ mod pass {
             if classes.iter().all(|&c| c == TileClass::Skip) {
                 j0 += n;
                 continue;
+            }
+            // Each tile's K and V rows are checked once per head and thread,
+            // while in cache from the prefetch.
+            let tile = j0..j0 + n;
+            if !checked.covers(head, &tile) {
+                // SAFETY: the CPU runs this level (this function's contract).
+                let fit = unsafe {
+                    rows_fit(k, &p.k, head, (j0, n), dk) && rows_fit(v, &p.v, head, (j0, n), dv)
+                };
+                if !fit {
+                    return None;
+                }
+                checked.add(head, tile);
             }
             let n2 = n.div_ceil(2);
             assert!(vbuf.len() >= n2 * vs && vs >= dv);
@@ -404,7 +470,7 @@ mod pass {
             }
             j0 += n;
         }
-        sms
+        Some(sms)
     }
 
     /// Whether every element of rows `j0..j0+n` (batch `b`, head `g`, `d`
@@ -436,14 +502,7 @@ mod pass {
             while c + 32 <= d {
                 // SAFETY: c + 32 <= d elements of the row; the CPU runs
                 // AVX-512 BW (this function's contract).
-                unsafe {
-                    let x = _mm512_loadu_si512(row.as_ptr().add(c).cast());
-                    let nonzero = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x7fff));
-                    let e = _mm512_and_si512(_mm512_srli_epi16::<7>(x), _mm512_set1_epi16(0xff));
-                    let off = _mm512_sub_epi16(e, _mm512_set1_epi16(63));
-                    let in_range = _mm512_cmple_epu16_mask(off, _mm512_set1_epi16(183 - 63));
-                    bad |= nonzero & !in_range;
-                }
+                unsafe { bad |= misfits(_mm512_loadu_si512(row.as_ptr().add(c).cast())) };
                 c += 32;
             }
             if bad != 0 || !row[c..].iter().all(|&x| fits(x)) {
@@ -451,6 +510,21 @@ mod pass {
             }
         }
         true
+    }
+
+    /// The lanes of 32 bf16 that do not [`fit`](super::fits).
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 BW.
+    #[inline(always)]
+    unsafe fn misfits(x: __m512i) -> __mmask32 {
+        // SAFETY: the CPU runs AVX-512 BW (this function's contract).
+        unsafe {
+            let nonzero = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x7fff));
+            let e = _mm512_and_si512(_mm512_srli_epi16::<7>(x), _mm512_set1_epi16(0xff));
+            let off = _mm512_sub_epi16(e, _mm512_set1_epi16(63));
+            nonzero & !_mm512_cmple_epu16_mask(off, _mm512_set1_epi16(183 - 63))
+        }
     }
 
     /// Rounds two vectors of probabilities (keys `2i` and `2i + 1`) to
@@ -476,7 +550,8 @@ mod pass {
     /// Packs the block's query rows into the pair panel at `qp` (`d2` rows
     /// of `w` words: word `e * w + r` holds row `r`'s elements `2e` and
     /// `2e + 1`); lanes past the block are zero. Sixteen rows at a time through
-    /// 16 x 16 transposes of words (shuffles only: bit-exact).
+    /// 16 x 16 transposes of words (shuffles only: bit-exact). Returns
+    /// whether every element [`fits`](super::fits).
     ///
     /// # Safety
     /// `qp..qp + d2 * w` writable; rows of Q contiguous; the CPU runs
@@ -488,9 +563,10 @@ mod pass {
         item: &Item,
         (d2, w): (usize, usize),
         qp: *mut u32,
-    ) {
+    ) -> bool {
         let n = item.rows();
         assert!(view.strides[3] == 1 && w.is_multiple_of(LANES));
+        let mut bad: __mmask32 = 0;
         for r0 in (0..w).step_by(LANES) {
             let live = n.saturating_sub(r0).min(LANES);
             // Row i's d2 words (null past the block).
@@ -509,8 +585,11 @@ mod pass {
                 for (b, &s) in blk.iter_mut().zip(&src) {
                     if !s.is_null() {
                         // SAFETY: src[i] holds d2 words (unaligned loads)
-                        // and e0 + 16 <= d2.
-                        *b = unsafe { V16::load(s.add(e0).cast::<f32>()) };
+                        // and e0 + 16 <= d2; the CPU runs AVX-512 BW.
+                        unsafe {
+                            *b = V16::load(s.add(e0).cast::<f32>());
+                            bad |= misfits(_mm512_castps_si512(b.0));
+                        }
                     }
                 }
                 for (i, t) in V16::transpose16(blk).into_iter().enumerate() {
@@ -530,11 +609,15 @@ mod pass {
                         } else {
                             s.add(e).read_unaligned()
                         };
+                        if !(super::fits(x as u16) && super::fits((x >> 16) as u16)) {
+                            bad = 1;
+                        }
                         *qp.add(e * w + r0 + i) = x;
                     }
                 }
             }
         }
+        bad == 0
     }
 
     /// Packs pairs `pairs` of value rows `j0..j0+n` (batch `b`, head `g`):
