@@ -6,7 +6,8 @@
 //! `MASK` (a boolean mask of shape (batch, 1, q_len, kv_len), broadcast
 //! over the heads),
 //! `NO_PEAK`, `BW` (also measure the triad bandwidth), `BWD` (also time
-//! the backward pass, counted as 2.5x the forward's FLOPs).
+//! the backward pass, counted as 2.5x the forward's FLOPs), `DTYPE`
+//! (`f32`, `f16` or `bf16`: the same cases in another element type).
 
 use attn::{Backend, Inputs};
 use attn_benches::machine::fma_peak_per_core;
@@ -50,6 +51,13 @@ fn main() {
         let mut case = case.clone();
         if let Some(n) = kv {
             case.kv_len = n;
+        }
+        match std::env::var("DTYPE").as_deref() {
+            Ok("f32") => case.dtype = attn::DType::F32,
+            Ok("f16") => case.dtype = attn::DType::F16,
+            Ok("bf16") => case.dtype = attn::DType::Bf16,
+            Ok(other) => panic!("DTYPE={other}: f32, f16 or bf16"),
+            Err(_) => {}
         }
         let p = if std::env::var_os("BHSD").is_some() {
             case.problem().bhsd()

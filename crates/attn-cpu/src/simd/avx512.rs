@@ -257,6 +257,28 @@ unsafe impl Vector for V16 {
         }
     }
     #[inline(always)]
+    fn exp2(self) -> Self {
+        // The same reduction and polynomial as `exp::exp2_by_bits`, with
+        // `2^n` applied by vscalefps: a compare, a round, a subtraction,
+        // five FMAs and a scale, three instructions fewer. Lanes at most
+        // -127 (and -inf, whose fraction is NaN) are zeroed by the mask;
+        // NaN lanes compare unordered and stay NaN.
+        let c = &crate::exp::C;
+        // SAFETY: as in `zmm!`.
+        unsafe {
+            let x = self.0;
+            let keep = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, _mm512_set1_ps(-127.0));
+            // Round to nearest, ties to even, without exceptions.
+            let n = _mm512_roundscale_ps::<0x08>(x);
+            let r = _mm512_sub_ps(x, n);
+            let mut p = _mm512_set1_ps(c[5]);
+            for &ci in c[..5].iter().rev() {
+                p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ci));
+            }
+            V16(_mm512_maskz_scalef_ps(keep, p, n))
+        }
+    }
+    #[inline(always)]
     fn replace_where_eq(self, key: Self, eq: f32, with: f32) -> Self {
         // SAFETY: as in `zmm!`.
         unsafe {

@@ -138,6 +138,13 @@ pub unsafe trait Vector:
     /// to even); lanes must lie in `[-127, 127]` or be NaN (then `n` is
     /// unspecified and the caller's result NaN through the fraction).
     fn round_pow2(self) -> (Self, Self);
+    /// `2^self` lane by lane, as [`crate::exp::exp2`] documents it; a
+    /// level may compute it with instructions of its own (AVX-512's
+    /// `vscalefps`) as long as it keeps that contract.
+    #[inline(always)]
+    fn exp2(self) -> Self {
+        crate::exp::exp2_by_bits(self)
+    }
     /// Lanes where `key == eq` become `with`; the others keep `self`.
     fn replace_where_eq(self, key: Self, eq: f32, with: f32) -> Self;
     /// Lanes where `self < bound` take `then`, the others `other`.
