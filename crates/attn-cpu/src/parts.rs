@@ -81,6 +81,7 @@ impl Parts {
     /// the part before, which then spans the hull of both parts' vectors.
     /// Every key still meets every vector that sees it; a vector it meets
     /// without seeing it multiplies probabilities of 0 (masked scores).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn paired(&self) -> Self {
         let mut out = Parts {
             parts: [(0, 0, 0, 0); MAX],

@@ -61,6 +61,7 @@ pub fn applies<T: Element>(ctx: &Ctx<'_, T>, isa: Isa) -> bool {
 /// Whether bf16 element `x` (its bits) may enter `vdpbf16ps` here: zero,
 /// or a magnitude in `[2^-64, 2^57)` (biased exponent 63 to 183).
 #[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn fits(x: u16) -> bool {
     (x & 0x7fff) == 0 || ((x >> 7) & 0xff).wrapping_sub(63) <= 183 - 63
 }
