@@ -29,8 +29,8 @@ use crate::element::CpuElement;
 use crate::simd::{vectorize, Isa, Op, Vector};
 use crate::{typed, Cpu};
 use attn_spec::{
-    check_backward_call, AttnError, Backward, GradInputs, GradOutputs, HostData, Inputs, Problem,
-    Result, View,
+    check_backward_call, AttnError, Backward, DType, GradInputs, GradOutputs, HostData, Inputs,
+    Problem, Result, View,
 };
 use rayon::prelude::*;
 use std::ops::Range;
@@ -56,6 +56,9 @@ pub struct Ctx<'a, T> {
     pub bias: Option<(&'a HostData, View)>,
     /// The boolean mask and its view.
     pub mask: Option<(&'a [bool], View)>,
+    /// Whether `S = Q K^T` and `dP = dO V^T` run on `vdpbf16ps` (bf16
+    /// inputs on the `avx512bf16` level: `task.rs`).
+    pub dot16: bool,
 }
 
 /// One task: a unit (batch entry, K/V head) over a chunk of key blocks.
@@ -320,6 +323,7 @@ fn backward_typed<T: CpuElement>(
         d: &d,
         bias: inputs.bias.zip(p.bias.map(|b| b.view)),
         mask,
+        dot16: cfg!(target_arch = "x86_64") && isa == Isa::Avx512Bf16 && T::DTYPE == DType::Bf16,
     };
     let plan = Plan::of(p);
     let tasks = plan.tasks(p);

@@ -22,7 +22,7 @@ use crate::blocking::{BWD_KEYS, BWD_PANEL_BYTES, BWD_ROWS, LANES};
 use crate::element::CpuElement;
 use crate::microkernel::gemm::gemm;
 use crate::pack::{prefetch_rows, Hint};
-use crate::probs::{score_probs, Scores, Tile};
+use crate::probs::{probabilities, score_probs, Scores, Tile};
 use crate::simd::{load, store, Vector};
 use attn_spec::{TileClass, View};
 
@@ -44,6 +44,12 @@ pub struct Scratch {
     /// `BWD_PANEL_BYTES`).
     qp: Vec<f32>,
     dop: Vec<f32>,
+    /// The same panels as bf16 pairs along the head dimension, and K^T and
+    /// V^T of a key block as pairs of rows (`Ctx::dot16`).
+    q2: Vec<u32>,
+    do2: Vec<u32>,
+    kt2: Vec<u32>,
+    vt2: Vec<u32>,
     /// The padded head dims the tile buffers were sized for.
     dims: (usize, usize),
 }
@@ -76,6 +82,10 @@ impl Scratch {
             row: z(dqkp.max(dvp)),
             qp: Vec::new(),
             dop: Vec::new(),
+            q2: Vec::new(),
+            do2: Vec::new(),
+            kt2: Vec::new(),
+            vt2: Vec::new(),
             dims: (dqkp, dvp),
         }
     }
@@ -164,6 +174,30 @@ pub fn run<V: Vector, T: CpuElement>(
             }
         }
     }
+    // bf16 on AVX512_BF16: the panels as pairs too, for `S` and `dP` on
+    // `vdpbf16ps`, when every element of the task's rows fits its range
+    // (`dot16::fits`; else the f32 products, as for other types).
+    let mut pairs = ctx.dot16 && panel && !task.blocks.is_empty();
+    if pairs {
+        let rows = group * ql + BWD_ROWS;
+        let real = group * ql;
+        for (src, dst, w, d) in [
+            (&ws.qp, &mut ws.q2, dqkp, dqk),
+            (&ws.dop, &mut ws.do2, dvp, dv),
+        ] {
+            dst.resize(rows * w / 2, 0);
+            for (r, (dst, src)) in dst
+                .chunks_mut(w / 2)
+                .zip(src.chunks(w))
+                .take(rows)
+                .enumerate()
+            {
+                // Elements 0..d of the row; an odd d's last pair ends in 0.
+                let fit = crate::dot16::pack_words(&src[..d], None, &mut dst[..d.div_ceil(2)]);
+                pairs &= fit || r >= real;
+            }
+        }
+    }
     let blocks = task.blocks.clone();
     for blk in blocks {
         let j0 = blk * BWD_KEYS;
@@ -199,6 +233,27 @@ pub fn run<V: Vector, T: CpuElement>(
             }
             for d in 0..dv {
                 ws.vt[d * BWD_KEYS + r] = 0.0;
+            }
+        }
+        // K^T and V^T as pairs of their rows (pairs of head dims), when
+        // the block's keys and values fit too.
+        let mut block_pairs = pairs;
+        if pairs {
+            for (src, dst, w, d) in [
+                (&ws.kt, &mut ws.kt2, dqkp, dqk),
+                (&ws.vt, &mut ws.vt2, dvp, dv),
+            ] {
+                dst.resize(w / 2 * BWD_KEYS, 0);
+                let zeros = [0.0f32; BWD_KEYS];
+                for d2 in 0..d.div_ceil(2) {
+                    let e = &src[2 * d2 * BWD_KEYS..][..ncols];
+                    let o = match 2 * d2 + 1 < d {
+                        true => &src[(2 * d2 + 1) * BWD_KEYS..][..ncols],
+                        false => &zeros[..ncols],
+                    };
+                    let out = &mut dst[d2 * BWD_KEYS..][..ncols];
+                    block_pairs &= crate::dot16::pack_words(e, Some(o), out);
+                }
             }
         }
         let nk = round_up(n, mr);
@@ -247,34 +302,76 @@ pub fn run<V: Vector, T: CpuElement>(
                     stride: BWD_KEYS,
                 };
                 let slope = cap.is_some().then_some(&mut ws.slope[..]);
-                // SAFETY: qa has mqp rows of dqkp floats (the tile buffer
-                // holds BWD_ROWS >= mqp rows; a panel, BWD_ROWS spare rows
-                // past its last head's), kt dqk rows of BWD_KEYS, 0 past
-                // the block's keys; mqp is mq rounded up to mr.
-                unsafe {
-                    score_probs::<V>(
-                        &scores,
-                        tile,
-                        (qa, dqkp, dqk),
-                        ws.kt.as_ptr(),
-                        &mut ws.s,
-                        (&mut ws.add, slope),
-                    )
-                };
-                // dP = dO V^T.
-                // SAFETY: as for S, with d_o (dvp) and vt (dv rows).
-                unsafe {
-                    gemm::<V>(
-                        (mqp, ncols, dv),
-                        da,
-                        (dvp, 1),
-                        ws.vt.as_ptr(),
-                        BWD_KEYS,
-                        ws.dp.as_mut_ptr(),
-                        BWD_KEYS,
-                        false,
-                    )
-                };
+                if block_pairs {
+                    // S = Q K^T and dP = dO V^T on bf16 pairs, then P.
+                    let at = hh * ql + i0;
+                    // Row strides of the pair panels, and pairs per product.
+                    let (wq, wv) = (dqkp / 2, dvp / 2);
+                    let (kq, kv) = (dqk.div_ceil(2), dv.div_ceil(2));
+                    assert!(
+                        mqp.is_multiple_of(12)
+                            && ws.q2.len() >= (at + mqp) * wq
+                            && ws.do2.len() >= (at + mqp) * wv
+                            && ws.s.len() >= mqp * BWD_KEYS
+                            && ws.dp.len() >= mqp * BWD_KEYS
+                    );
+                    // SAFETY: the panels hold rows at..at+mqp of wq / wv
+                    // words (asserted), kt2 and vt2 wq / wv rows of
+                    // BWD_KEYS >= ncols words, s and dp mqp rows of
+                    // BWD_KEYS floats (asserted); mqp is a multiple of 12
+                    // and ncols of 16; the level is avx512bf16 (dot16).
+                    unsafe {
+                        crate::dot16::gemm_pairs(
+                            (mqp, ncols, kq),
+                            ws.q2[at * wq..].as_ptr(),
+                            wq,
+                            ws.kt2.as_ptr(),
+                            BWD_KEYS,
+                            ws.s.as_mut_ptr(),
+                            BWD_KEYS,
+                        );
+                        crate::dot16::gemm_pairs(
+                            (mqp, ncols, kv),
+                            ws.do2[at * wv..].as_ptr(),
+                            wv,
+                            ws.vt2.as_ptr(),
+                            BWD_KEYS,
+                            ws.dp.as_mut_ptr(),
+                            BWD_KEYS,
+                        );
+                    }
+                    probabilities::<V>(&scores, tile, &mut ws.s, &mut ws.add, slope);
+                } else {
+                    // SAFETY: qa has mqp rows of dqkp floats (the tile
+                    // buffer holds BWD_ROWS >= mqp rows; a panel, BWD_ROWS
+                    // spare rows past its last head's), kt dqk rows of
+                    // BWD_KEYS, 0 past the block's keys; mqp is mq rounded
+                    // up to mr.
+                    unsafe {
+                        score_probs::<V>(
+                            &scores,
+                            tile,
+                            (qa, dqkp, dqk),
+                            ws.kt.as_ptr(),
+                            &mut ws.s,
+                            (&mut ws.add, slope),
+                        )
+                    };
+                    // dP = dO V^T.
+                    // SAFETY: as for S, with d_o (dvp) and vt (dv rows).
+                    unsafe {
+                        gemm::<V>(
+                            (mqp, ncols, dv),
+                            da,
+                            (dvp, 1),
+                            ws.vt.as_ptr(),
+                            BWD_KEYS,
+                            ws.dp.as_mut_ptr(),
+                            BWD_KEYS,
+                            false,
+                        )
+                    };
+                }
                 // dS = P (dP - D); the bias gradient; dsc = dS dx/d(q.k).
                 for r in 0..mq {
                     let i = i0 + r;

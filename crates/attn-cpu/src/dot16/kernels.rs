@@ -211,6 +211,131 @@ pub unsafe fn pv_part(
     }
 }
 
+/// `C[m x n] = A[m x k] B[k x n]` on pairs (the backward pass's `S = Q
+/// K^T` and `dP = dO V^T`): `A` row `r` is `k2` words at `a + r * a_rs`
+/// (pairs of its elements `2kk`, `2kk + 1`), `B` row `kk` is `n` words at
+/// `b + kk * b_rs` (column `c`'s elements `2kk`, `2kk + 1`), `C` rows of
+/// `n` floats, `c_rs` apart, overwritten. Tiles of 12 rows x 16 columns
+/// (12 accumulators, one streamed vector, one broadcast).
+///
+/// # Safety
+/// `m` a multiple of 12 and `n` of 16; every word named above readable
+/// and every float of `C` writable; the CPU runs AVX-512 F and BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_pairs(
+    (m, n, k2): (usize, usize, usize),
+    a: *const u32,
+    a_rs: usize,
+    b: *const u32,
+    b_rs: usize,
+    c: *mut f32,
+    c_rs: usize,
+) {
+    const MR: usize = 12;
+    assert!(m.is_multiple_of(MR) && n.is_multiple_of(16));
+    // SAFETY: every access is within the extents of the contract above.
+    unsafe {
+        for r0 in (0..m).step_by(MR) {
+            for c0 in (0..n).step_by(16) {
+                let mut acc = [_mm512_setzero_ps(); MR];
+                for kk in 0..k2 {
+                    let bv = load_pairs(b.add(kk * b_rs + c0));
+                    for r in 0..MR {
+                        let av = splat_pair(a.add((r0 + r) * a_rs + kk));
+                        acc[r] = _mm512_dpbf16_ps(acc[r], av, bv);
+                    }
+                }
+                for r in 0..MR {
+                    _mm512_storeu_ps(c.add((r0 + r) * c_rs + c0), acc[r]);
+                }
+            }
+        }
+    }
+}
+
+/// Packs f32 that are bf16 values into bf16 words: with `odd`, word `i`
+/// holds `even[i]` and `odd[i]` (two rows interleaved), else `even[2i]`
+/// and `even[2i + 1]` (one row in order; an odd length ends in 0).
+/// Returns whether every element [`fits`](super::fits); it is exact either
+/// way (bit moves only: the conversion instruction would flush subnormals).
+///
+/// # Safety
+/// The CPU runs AVX-512 F, BW and BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[inline(never)]
+pub unsafe fn pack_words(even: &[f32], odd: Option<&[f32]>, dst: &mut [u32]) -> bool {
+    let word = |lo: f32, hi: f32| {
+        let (l, h) = ((lo.to_bits() >> 16) as u16, (hi.to_bits() >> 16) as u16);
+        (
+            l as u32 | (h as u32) << 16,
+            super::fits(l) && super::fits(h),
+        )
+    };
+    let mut bad: __mmask32 = 0;
+    let mut ok = true;
+    let n = dst.len();
+    match odd {
+        Some(odd) => {
+            assert!(even.len() >= n && odd.len() >= n);
+            // The top halves (the bf16 values, exactly: `vcvtne2ps2bf16`
+            // would flush subnormals): the even row's into the low half
+            // of each word, the odd row's into the high half.
+            let mut i = 0;
+            while i + 16 <= n {
+                // SAFETY: 16 floats at i of both rows and 16 words of dst
+                // (asserted lengths); the CPU runs the level.
+                unsafe {
+                    let e = _mm512_castps_si512(_mm512_loadu_ps(even.as_ptr().add(i)));
+                    let o = _mm512_castps_si512(_mm512_loadu_ps(odd.as_ptr().add(i)));
+                    let hi = _mm512_and_si512(o, _mm512_set1_epi32(0xffff_0000u32 as i32));
+                    let w = _mm512_or_si512(_mm512_srli_epi32::<16>(e), hi);
+                    bad |= super::pass::misfits(w);
+                    _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), w);
+                }
+                i += 16;
+            }
+            for i in i..n {
+                let (w, fit) = word(even[i], odd[i]);
+                dst[i] = w;
+                ok &= fit;
+            }
+        }
+        None => {
+            assert!(even.len() <= 2 * n && 2 * n <= even.len() + 1);
+            // 16-bit element 2j + 1 of the 32 floats (the top half of
+            // float j) becomes element j: one permute, exact.
+            let mut idx = [0i16; 32];
+            for (j, x) in idx.iter_mut().enumerate() {
+                *x = 2 * j as i16 + 1;
+            }
+            // SAFETY: 32 i16 in idx.
+            let idx = unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) };
+            let mut i = 0;
+            while 2 * i + 32 <= even.len() {
+                // SAFETY: 32 floats at 2i and 16 words at i (asserted
+                // lengths); the CPU runs the level.
+                unsafe {
+                    let a = _mm512_castps_si512(_mm512_loadu_ps(even.as_ptr().add(2 * i)));
+                    let b = _mm512_castps_si512(_mm512_loadu_ps(even.as_ptr().add(2 * i + 16)));
+                    let w = _mm512_permutex2var_epi16(a, idx, b);
+                    bad |= super::pass::misfits(w);
+                    _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), w);
+                }
+                i += 16;
+            }
+            for i in i..n {
+                let hi = even.get(2 * i + 1).copied().unwrap_or(0.0);
+                let (w, fit) = word(even[2 * i], hi);
+                dst[i] = w;
+                ok &= fit;
+            }
+        }
+    }
+    ok && bad == 0
+}
+
 /// Keys or value columns per call on `nv` vectors of rows: the AVX-512
 /// level's shapes (24 accumulators, as `Vector::mr`).
 pub fn mr(nv: usize) -> usize {
@@ -234,6 +359,98 @@ mod tests {
     }
     fn word(lo: u16, hi: u16) -> u32 {
         lo as u32 | (hi as u32) << 16
+    }
+
+    /// Both packings against the scalar definition, with the range check.
+    #[test]
+    fn pack_words_interleaves_and_checks_the_range() {
+        if !crate::Isa::Avx512Bf16.supported() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        let v = |i: usize| attn_spec::bf16::from_f32(i as f32 * 0.37 - 9.0).to_f32();
+        for n in [1usize, 15, 16, 17, 40] {
+            let e: Vec<f32> = (0..n).map(v).collect();
+            let o: Vec<f32> = (0..n).map(|i| v(i + 100)).collect();
+            let mut dst = vec![0u32; n];
+            // SAFETY: the CPU runs the level (checked).
+            assert!(unsafe { pack_words(&e, Some(&o), &mut dst) });
+            for i in 0..n {
+                assert_eq!(dst[i], word(b(e[i]), b(o[i])), "n={n} i={i}");
+            }
+            let mut dst = vec![0u32; n.div_ceil(2)];
+            // SAFETY: as above.
+            assert!(unsafe { pack_words(&e, None, &mut dst) });
+            for i in 0..n.div_ceil(2) {
+                let hi = e.get(2 * i + 1).map_or(0, |&x| b(x));
+                assert_eq!(dst[i], word(b(e[2 * i]), hi), "n={n} i={i}");
+            }
+            // One subnormal anywhere is reported, by both.
+            for at in [0, n - 1] {
+                let mut e2 = e.clone();
+                e2[at] = 1e-39;
+                let mut dst = vec![0u32; n];
+                // SAFETY: as above.
+                assert!(
+                    !unsafe { pack_words(&e2, Some(&o), &mut dst) },
+                    "n={n} at={at}"
+                );
+                let mut dst = vec![0u32; n.div_ceil(2)];
+                // SAFETY: as above.
+                assert!(!unsafe { pack_words(&e2, None, &mut dst) }, "n={n} at={at}");
+            }
+        }
+    }
+
+    /// The pair product against f64 sums of the same bf16 values, within
+    /// the f32 accumulation bound `gamma(2 k2) * sum |a b|`.
+    #[test]
+    fn gemm_pairs_matches_scalar_sums() {
+        if !crate::Isa::Avx512Bf16.supported() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        let val = |i: usize| ((i * 29 + 5) % 31) as f32 * 0.137 - 2.1;
+        let (m, n, k2, a_rs, b_rs, c_rs) = (24usize, 32usize, 7usize, 9usize, 40usize, 35usize);
+        let a: Vec<u32> = (0..m * a_rs)
+            .map(|i| word(b(val(2 * i)), b(val(2 * i + 1))))
+            .collect();
+        let bm: Vec<u32> = (0..k2 * b_rs)
+            .map(|i| word(b(val(3 * i)), b(val(3 * i + 2))))
+            .collect();
+        let mut c = vec![f32::NAN; m * c_rs];
+        // SAFETY: extents as the contract states, allocated above; the CPU
+        // runs the level (checked).
+        unsafe {
+            gemm_pairs(
+                (m, n, k2),
+                a.as_ptr(),
+                a_rs,
+                bm.as_ptr(),
+                b_rs,
+                c.as_mut_ptr(),
+                c_rs,
+            )
+        };
+        for r in 0..m {
+            for col in 0..n {
+                let (mut want, mut mag) = (0.0, 0.0);
+                for kk in 0..k2 {
+                    let (x, y) = (a[r * a_rs + kk], bm[kk * b_rs + col]);
+                    for h in [0, 16] {
+                        let t = f((x >> h) as u16) * f((y >> h) as u16);
+                        want += t;
+                        mag += t.abs();
+                    }
+                }
+                let nu = 2.0 * k2 as f64 * 2f64.powi(-24);
+                let got = c[r * c_rs + col] as f64;
+                assert!(
+                    (got - want).abs() <= nu / (1.0 - nu) * mag,
+                    "r={r} c={col}: {got} vs {want}"
+                );
+            }
+        }
     }
 
     /// Both kernels on every shape against f64 sums of the same bf16

@@ -61,7 +61,6 @@ pub fn applies<T: Element>(ctx: &Ctx<'_, T>, isa: Isa) -> bool {
 /// Whether bf16 element `x` (its bits) may enter `vdpbf16ps` here: zero,
 /// or a magnitude in `[2^-64, 2^57)` (biased exponent 63 to 183).
 #[inline(always)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn fits(x: u16) -> bool {
     (x & 0x7fff) == 0 || ((x >> 7) & 0xff).wrapping_sub(63) <= 183 - 63
 }
@@ -160,6 +159,53 @@ mod tests {
 
 #[cfg(target_arch = "x86_64")]
 pub use pass::run_items;
+
+/// `C = A B` on bf16 pairs (`kernels::gemm_pairs`, which states the
+/// layout): the backward pass's `S = Q K^T` and `dP = dO V^T` for bf16
+/// inputs on the `avx512bf16` level.
+///
+/// # Safety
+/// As `kernels::gemm_pairs`, whose CPU requirement is checked here.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_pairs(
+    mnk: (usize, usize, usize),
+    a: *const u32,
+    a_rs: usize,
+    b: *const u32,
+    b_rs: usize,
+    c: *mut f32,
+    c_rs: usize,
+) {
+    assert!(
+        Isa::Avx512Bf16.supported(),
+        "the bf16 pair product needs AVX512_BF16"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: forwarded from the caller; the CPU runs the level (asserted).
+    unsafe {
+        kernels::gemm_pairs(mnk, a, a_rs, b, b_rs, c, c_rs)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (mnk, a, a_rs, b, b_rs, c, c_rs);
+}
+
+/// Packs f32 that are bf16 values into bf16 words, as
+/// `kernels::pack_words` (two rows interleaved, or one row in order);
+/// returns whether every element [`fits`].
+pub fn pack_words(even: &[f32], odd: Option<&[f32]>, dst: &mut [u32]) -> bool {
+    assert!(
+        Isa::Avx512Bf16.supported(),
+        "bf16 words are packed for AVX512_BF16"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the CPU runs the level (asserted).
+    return unsafe { kernels::pack_words(even, odd, dst) };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (even, odd, dst);
+        unreachable!()
+    }
+}
 
 #[cfg(target_arch = "x86_64")]
 mod pass {
@@ -518,7 +564,7 @@ mod pass {
     /// # Safety
     /// The CPU runs AVX-512 BW.
     #[inline(always)]
-    unsafe fn misfits(x: __m512i) -> __mmask32 {
+    pub(super) unsafe fn misfits(x: __m512i) -> __mmask32 {
         // SAFETY: the CPU runs AVX-512 BW (this function's contract).
         unsafe {
             let nonzero = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x7fff));
