@@ -391,13 +391,12 @@ mod tests {
                 e2[at] = 1e-39;
                 let mut dst = vec![0u32; n];
                 // SAFETY: as above.
-                assert!(
-                    !unsafe { pack_words(&e2, Some(&o), &mut dst) },
-                    "n={n} at={at}"
-                );
+                let fit = unsafe { pack_words(&e2, Some(&o), &mut dst) };
+                assert!(!fit, "n={n} at={at}");
                 let mut dst = vec![0u32; n.div_ceil(2)];
                 // SAFETY: as above.
-                assert!(!unsafe { pack_words(&e2, None, &mut dst) }, "n={n} at={at}");
+                let fit = unsafe { pack_words(&e2, None, &mut dst) };
+                assert!(!fit, "n={n} at={at}");
             }
         }
     }
