@@ -179,18 +179,7 @@ pub fn run_items<V: Vector, T: CpuElement, const NV: usize>(
     ws.ot[..items.len() * dv * w].fill(0.0);
     let mut sms = [OnlineSoftmax::<V, NV>::new(), OnlineSoftmax::<V, NV>::new()];
     let mask = p.seq_mask(head.0);
-    let spans: Vec<(usize, usize)> = items
-        .iter()
-        .map(|it| {
-            let span = mask.kv_span(it.positions());
-            (span.start.max(it.keys.start), span.end.min(it.keys.end))
-        })
-        .collect();
-    let (lo, hi) = spans
-        .iter()
-        .filter(|(lo, hi)| lo < hi)
-        .fold((usize::MAX, 0), |(a, b), &(lo, hi)| (a.min(lo), b.max(hi)));
-    let lo = lo.min(hi);
+    let (spans, (lo, hi)) = pass_spans(&mask, items);
     let rows: Vec<RowInfo<V, NV>> = items
         .iter()
         .map(|it| RowInfo::new(ctx, it, &mask))
@@ -217,7 +206,7 @@ pub fn run_items<V: Vector, T: CpuElement, const NV: usize>(
         // packs the tile's values; the second finds them ready.
         let mut first = true;
         for (i, it) in items.iter().enumerate() {
-            if spans[i].0 >= spans[i].1 || j0 >= spans[i].1 || j0 + n <= spans[i].0 {
+            if !meets(spans[i], (j0, n)) {
                 continue;
             }
             let class = mask.classify(it.positions(), j0..j0 + n);
@@ -238,6 +227,28 @@ pub fn run_items<V: Vector, T: CpuElement, const NV: usize>(
         j0 += n;
     }
     sms
+}
+
+/// The keys each item of a pass sees within its own key range, and the
+/// hull `lo..hi` of those spans (`hi..hi` when no item sees a key).
+pub fn pass_spans(mask: &SeqMask, items: &[Item]) -> (Vec<(usize, usize)>, (usize, usize)) {
+    let spans: Vec<(usize, usize)> = items
+        .iter()
+        .map(|it| {
+            let span = mask.kv_span(it.positions());
+            (span.start.max(it.keys.start), span.end.min(it.keys.end))
+        })
+        .collect();
+    let (lo, hi) = spans
+        .iter()
+        .filter(|(lo, hi)| lo < hi)
+        .fold((usize::MAX, 0), |(a, b), &(lo, hi)| (a.min(lo), b.max(hi)));
+    (spans, (lo.min(hi), hi))
+}
+
+/// Whether the span `lo..hi` (of [`pass_spans`]) meets keys `j0..j0+n`.
+pub fn meets((lo, hi): (usize, usize), (j0, n): (usize, usize)) -> bool {
+    lo < hi && j0 < hi && lo < j0 + n
 }
 
 /// One key tile `j0..j0+n`: scores, transforms, softmax, `P V`; prefetches

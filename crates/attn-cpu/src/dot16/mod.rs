@@ -217,7 +217,7 @@ mod pass {
     use crate::simd::avx512::V16;
     use crate::simd::Vector;
     use crate::softmax::OnlineSoftmax;
-    use crate::tiling::{transform, Ctx, RowInfo};
+    use crate::tiling::{meets, pass_spans, transform, Ctx, RowInfo};
     use crate::work::Item;
     use crate::workspace::Workspace;
     use attn_spec::{DType, TileClass, View};
@@ -277,18 +277,7 @@ mod pass {
                 })
         );
         let mask = p.seq_mask(head.0);
-        let spans: Vec<(usize, usize)> = items
-            .iter()
-            .map(|it| {
-                let span = mask.kv_span(it.positions());
-                (span.start.max(it.keys.start), span.end.min(it.keys.end))
-            })
-            .collect();
-        let (lo, hi) = spans
-            .iter()
-            .filter(|(lo, hi)| lo < hi)
-            .fold((usize::MAX, 0), |(a, b), &(lo, hi)| (a.min(lo), b.max(hi)));
-        let lo = lo.min(hi);
+        let (spans, (lo, hi)) = pass_spans(&mask, items);
         let Workspace {
             qt,
             st,
@@ -338,10 +327,10 @@ mod pass {
                 .iter()
                 .enumerate()
                 .map(|(i, it)| {
-                    if spans[i].0 >= spans[i].1 || j0 >= spans[i].1 || j0 + n <= spans[i].0 {
-                        TileClass::Skip
-                    } else {
+                    if meets(spans[i], (j0, n)) {
                         mask.classify(it.positions(), j0..j0 + n)
+                    } else {
+                        TileClass::Skip
                     }
                 })
                 .collect();
