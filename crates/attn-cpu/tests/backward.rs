@@ -67,7 +67,7 @@ fn gradients_do_not_depend_on_the_thread_count() {
 }
 
 /// bf16 gradients on AVX512_BF16 with values the pair products do not
-/// take (a subnormal key, attn-cpu's `dot16::fits`: its block runs in f32;
+/// take (a subnormal key, outside attn-cpu's `dot16::BACKWARD`: its block runs in f32;
 /// a subnormal query element: its task does) pass the check like the rest.
 /// (Which path ran does not show in bf16 gradients: the products differ
 /// by f32 roundings that the final bf16 rounding hides; the forward's test
@@ -99,5 +99,52 @@ fn bf16_gradients_out_of_the_pair_range_pass() {
         d[view.index([0, pos, 0, 5])] = attn_spec::bf16::from_f32(1e-39);
         let bc = BackCase::of(case);
         assert_eq!(check_backward(&pairs, &bc), Ok(Outcome::Passed), "{tensor}");
+    }
+}
+
+/// bf16 on AVX512_BF16 runs all five products on pairs (`backward/
+/// pairs.rs`), P and dS rounded to bf16: gradients differ from the
+/// `avx512` level's (f32 products) and both pass the bound, also with
+/// scores sharp enough (Q times 16 and 64) that probabilities underflow
+/// below 2^-126 (set to 0) and a tile's dS spans more than its 128
+/// binades (that tile's dK and dQ in f32), at 1 and 2 threads.
+#[test]
+fn bf16_gradients_on_pairs_round_p_and_ds_within_the_bound() {
+    use attn_cpu::Isa;
+    if !Isa::Avx512Bf16.supported() {
+        eprintln!("skipped: this CPU has no AVX512_BF16");
+        return;
+    }
+    for (factor, threads) in [(1.0f32, 1usize), (16.0, 2), (64.0, 1)] {
+        let mut params = CaseParams::plain(Shape::new(1, 4, 2, 150, 170, 64));
+        params.dtype = DType::Bf16;
+        params.seed = 21;
+        params.options.mask = attn_spec::MaskKind::Causal;
+        let mut case = attn_conformance::Case::build(params);
+        let attn_spec::HostData::Bf16(q) = &mut case.q else {
+            panic!("bf16 case")
+        };
+        for x in q.iter_mut() {
+            *x = attn_spec::bf16::from_f32(x.to_f32() * factor);
+        }
+        let bc = BackCase::of(case);
+        let p = &bc.case.problem;
+        let run = |isa: Isa| {
+            let cpu = Cpu::with_threads(threads).unwrap().with_isa(isa).unwrap();
+            assert_eq!(
+                check_backward(&cpu, &bc),
+                Ok(Outcome::Passed),
+                "{isa:?} x{factor}"
+            );
+            let g = cpu
+                .backward(p, bc.case.inputs(), bc.forward(), GradRequest::all(p))
+                .unwrap();
+            (g.dq, g.dk, g.dv)
+        };
+        let (pairs, f32s) = (run(Isa::Avx512Bf16), run(Isa::Avx512));
+        assert!(
+            pairs.0 != f32s.0 && pairs.1 != f32s.1 && pairs.2 != f32s.2,
+            "x{factor}: the same as f32 products"
+        );
     }
 }

@@ -22,6 +22,7 @@
 //! are needed), a scratch for a broadcast bias's gradient (per unit, then
 //! summed) and a few hundred KiB per task.
 
+pub mod pairs;
 pub mod task;
 
 use crate::blocking::{BWD_KEYS, BWD_MIN_TASKS, BWD_ROWS, LANES};

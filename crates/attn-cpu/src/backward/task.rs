@@ -17,7 +17,7 @@
 //! Every loop runs in an order fixed by the shape, so the result is the
 //! same whichever thread runs the task.
 
-use super::{Ctx, Outs, Task};
+use super::{pairs, Ctx, Outs, Task};
 use crate::blocking::{BWD_KEYS, BWD_PANEL_BYTES, BWD_ROWS, LANES};
 use crate::element::CpuElement;
 use crate::microkernel::gemm::gemm;
@@ -44,12 +44,25 @@ pub struct Scratch {
     /// `BWD_PANEL_BYTES`).
     qp: Vec<f32>,
     dop: Vec<f32>,
-    /// The same panels as bf16 pairs along the head dimension, and K^T and
-    /// V^T of a key block as pairs of rows (`Ctx::dot16`).
+    /// bf16 on AVX512_BF16 (`pairs.rs`): the panels as pairs along the
+    /// head dimension (`q2`, `do2`) and as pairs of rows (`q2r`, `do2r`),
+    /// K^T and V^T of a key block as pairs of their rows, K as pairs of
+    /// keys.
     q2: Vec<u32>,
     do2: Vec<u32>,
+    q2r: Vec<u32>,
+    do2r: Vec<u32>,
     kt2: Vec<u32>,
     vt2: Vec<u32>,
+    k2r: Vec<u32>,
+    /// A tile's P and dS as pairs of rows, dS as pairs of keys, and the
+    /// three products' tile results.
+    p2: Vec<u32>,
+    ds2r: Vec<u32>,
+    ds2c: Vec<u32>,
+    tq: Vec<f32>,
+    tk: Vec<f32>,
+    tv: Vec<f32>,
     /// The padded head dims the tile buffers were sized for.
     dims: (usize, usize),
 }
@@ -84,8 +97,17 @@ impl Scratch {
             dop: Vec::new(),
             q2: Vec::new(),
             do2: Vec::new(),
+            q2r: Vec::new(),
+            do2r: Vec::new(),
             kt2: Vec::new(),
             vt2: Vec::new(),
+            k2r: Vec::new(),
+            p2: Vec::new(),
+            ds2r: Vec::new(),
+            ds2c: Vec::new(),
+            tq: Vec::new(),
+            tk: Vec::new(),
+            tv: Vec::new(),
             dims: (dqkp, dvp),
         }
     }
@@ -129,7 +151,6 @@ pub fn run<V: Vector, T: CpuElement>(
     let (dqk, dv) = (s.head_dim_qk, s.head_dim_v);
     let (dqkp, dvp) = (round_up(dqk, LANES), round_up(dv, LANES));
     let mr = V::mr(1);
-    let scale = p.scale();
     let cap = o.softcap;
     let scores = Scores {
         p,
@@ -174,10 +195,13 @@ pub fn run<V: Vector, T: CpuElement>(
             }
         }
     }
-    // bf16 on AVX512_BF16: the panels as pairs too, for `S` and `dP` on
-    // `vdpbf16ps`, when every element of the task's rows fits its range
-    // (`dot16::fits`; else the f32 products, as for other types).
-    let mut pairs = ctx.dot16 && panel && !task.blocks.is_empty();
+    // bf16 on AVX512_BF16: the panels as pairs too, for the products on
+    // `vdpbf16ps`, when every element of the task's rows is in the
+    // backward's window (`pairs.rs`; else the f32 products, as for other
+    // types). Rows of a head start at an even pair row: head hh's pairs of
+    // rows at hh * hp.
+    let hp = ql.div_ceil(2);
+    let mut pairs = ctx.dot16 && panel && !task.blocks.is_empty() && group * ql < 1 << 30;
     if pairs {
         let rows = group * ql + BWD_ROWS;
         let real = group * ql;
@@ -193,10 +217,54 @@ pub fn run<V: Vector, T: CpuElement>(
                 .enumerate()
             {
                 // Elements 0..d of the row; an odd d's last pair ends in 0.
-                let fit = crate::dot16::pack_words(&src[..d], None, &mut dst[..d.div_ceil(2)]);
+                let fit = crate::dot16::pack_words(
+                    &src[..d],
+                    None,
+                    &mut dst[..d.div_ceil(2)],
+                    crate::dot16::BACKWARD,
+                );
                 pairs &= fit || r >= real;
             }
         }
+    }
+    let zeros = vec![0.0f32; if pairs { dqkp.max(dvp) } else { 0 }];
+    if pairs {
+        // The same values (checked above) as pairs of rows, whole padded
+        // rows (0 past d).
+        for (src, dst, w) in [(&ws.qp, &mut ws.q2r, dqkp), (&ws.dop, &mut ws.do2r, dvp)] {
+            dst.resize(group * hp * w, 0);
+            for hh in 0..group {
+                for rp in 0..hp {
+                    let at = hh * ql + 2 * rp;
+                    let odd = match 2 * rp + 1 < ql {
+                        true => &src[(at + 1) * w..][..w],
+                        false => &zeros[..w],
+                    };
+                    let out = &mut dst[(hh * hp + rp) * w..][..w];
+                    crate::dot16::pack_words(
+                        &src[at * w..][..w],
+                        Some(odd),
+                        out,
+                        crate::dot16::BACKWARD,
+                    );
+                }
+            }
+        }
+        for (buf, len) in [
+            (&mut ws.p2, BWD_ROWS / 2 * BWD_KEYS),
+            (&mut ws.ds2r, BWD_ROWS / 2 * BWD_KEYS),
+            (&mut ws.ds2c, BWD_ROWS * BWD_KEYS / 2),
+        ] {
+            buf.resize(len, 0);
+        }
+        for (buf, len) in [
+            (&mut ws.tq, BWD_ROWS * dqkp),
+            (&mut ws.tk, BWD_KEYS * dqkp),
+            (&mut ws.tv, BWD_KEYS * dvp),
+        ] {
+            buf.resize(len, 0.0);
+        }
+        ws.k2r.resize(BWD_KEYS / 2 * dqkp, 0);
     }
     let blocks = task.blocks.clone();
     for blk in blocks {
@@ -252,8 +320,27 @@ pub fn run<V: Vector, T: CpuElement>(
                         false => &zeros[..ncols],
                     };
                     let out = &mut dst[d2 * BWD_KEYS..][..ncols];
-                    block_pairs &= crate::dot16::pack_words(e, Some(o), out);
+                    block_pairs &=
+                        crate::dot16::pack_words(e, Some(o), out, crate::dot16::BACKWARD);
                 }
+            }
+        }
+        if block_pairs {
+            // K as pairs of keys (the values checked above): rows
+            // 0..ceil(n / 2) of dqkp words, the last pair of an odd n
+            // ending in 0.
+            for kp in 0..n.div_ceil(2) {
+                let odd = match 2 * kp + 1 < n {
+                    true => &ws.kr[(2 * kp + 1) * dqkp..][..dqkp],
+                    false => &zeros[..dqkp],
+                };
+                let out = &mut ws.k2r[kp * dqkp..][..dqkp];
+                crate::dot16::pack_words(
+                    &ws.kr[2 * kp * dqkp..][..dqkp],
+                    Some(odd),
+                    out,
+                    crate::dot16::BACKWARD,
+                );
             }
         }
         let nk = round_up(n, mr);
@@ -323,21 +410,15 @@ pub fn run<V: Vector, T: CpuElement>(
                     unsafe {
                         crate::dot16::gemm_pairs(
                             (mqp, ncols, kq),
-                            ws.q2[at * wq..].as_ptr(),
-                            wq,
-                            ws.kt2.as_ptr(),
-                            BWD_KEYS,
-                            ws.s.as_mut_ptr(),
-                            BWD_KEYS,
+                            (ws.q2[at * wq..].as_ptr(), wq, 1),
+                            (ws.kt2.as_ptr(), BWD_KEYS),
+                            (ws.s.as_mut_ptr(), BWD_KEYS),
                         );
                         crate::dot16::gemm_pairs(
                             (mqp, ncols, kv),
-                            ws.do2[at * wv..].as_ptr(),
-                            wv,
-                            ws.vt2.as_ptr(),
-                            BWD_KEYS,
-                            ws.dp.as_mut_ptr(),
-                            BWD_KEYS,
+                            (ws.do2[at * wv..].as_ptr(), wv, 1),
+                            (ws.vt2.as_ptr(), BWD_KEYS),
+                            (ws.dp.as_mut_ptr(), BWD_KEYS),
                         );
                     }
                     probabilities::<V>(&scores, tile, &mut ws.s, &mut ws.add, slope);
@@ -373,81 +454,217 @@ pub fn run<V: Vector, T: CpuElement>(
                     };
                 }
                 // dS = P (dP - D); the bias gradient; dsc = dS dx/d(q.k).
-                for r in 0..mq {
-                    let i = i0 + r;
-                    let dr = ctx.d[(b * s.q_heads + h) * s.q_len + i];
-                    for c in 0..nvec {
-                        let at = r * BWD_KEYS + c * LANES;
-                        // SAFETY: at + 16 <= (r + 1) * BWD_KEYS in both tiles.
-                        let (pv, dpv) = unsafe {
-                            (
-                                load::<V>(ws.s.as_ptr().add(at)),
-                                load::<V>(ws.dp.as_ptr().add(at)),
-                            )
-                        };
-                        let ds = pv * (dpv - V::splat(dr));
-                        if outs.has_dbias() {
-                            let m = (n - c * LANES).min(LANES);
-                            outs.add_dbias((b, h, i), j0 + c * LANES, &ds.to_array()[..m]);
-                        }
-                        let g = match cap {
-                            // SAFETY: as above, in the slope tile.
-                            Some(_) => unsafe { load::<V>(ws.slope.as_ptr().add(at)) },
-                            None => V::splat(scale),
-                        };
-                        // SAFETY: as above.
-                        unsafe { store(ws.dp.as_mut_ptr().add(at), ds * g) };
-                    }
-                }
+                let tile = ((b, h), (i0, mq), (j0, n));
+                let (max, min, finite) = match block_pairs {
+                    true => ds_tile::<V, T, true>(ctx, outs, tile, ws),
+                    false => ds_tile::<V, T, false>(ctx, outs, tile, ws),
+                };
                 // Rows mq..mqp of the dQ product hold no row of this tile
                 // (they may be the next rows of the block): they add 0.
                 ws.dp[mq * BWD_KEYS..mqp * BWD_KEYS]
                     .iter_mut()
                     .for_each(|x| *x = 0.0);
-                // The three products. s and dp hold mq rows of BWD_KEYS
-                // floats (A read transposed: key r, row kk at kk * BWD_KEYS
-                // + r, r < nk <= BWD_KEYS), d_o / q mq rows of dvp / dqkp,
-                // dv / dk nk rows; the partial rows of this block are rows
-                // i0..i0+mqp of head hh (the task's rows are padded to a
-                // multiple of BWD_ROWS, itself a multiple of mr).
-                // SAFETY: every extent above is inside its buffer.
-                unsafe {
-                    gemm::<V>(
-                        (nk, dvp, mq),
-                        ws.s.as_ptr(),
-                        (1, BWD_KEYS),
-                        da,
-                        dvp,
-                        ws.dv.as_mut_ptr(),
-                        dvp,
-                        true,
+                // The three products: on pairs (`pairs.rs`), dV always and
+                // dK, dQ when the tile's dS fits a scale; else in f32.
+                let mut ds_done = false;
+                if block_pairs {
+                    let t = if finite {
+                        pairs::ds_exp(max, min)
+                    } else {
+                        None
+                    };
+                    ds_done = finite && max == 0.0;
+                    let at2 = (hh * hp + i0 / 2, mq.div_ceil(2));
+                    assert!(
+                        i0.is_multiple_of(2)
+                            && nk.is_multiple_of(12)
+                            && (at2.0 + at2.1) * dvp <= ws.do2r.len()
+                            && (at2.0 + at2.1) * dqkp <= ws.q2r.len()
+                            && at2.1 * BWD_KEYS <= ws.p2.len()
+                            && mqp * BWD_KEYS / 2 <= ws.ds2c.len()
+                            && n.div_ceil(2) * dqkp <= ws.k2r.len()
+                            && nk * dqkp <= ws.tk.len()
+                            && nk * dvp <= ws.tv.len()
+                            && mqp * dqkp <= ws.tq.len()
                     );
-                    gemm::<V>(
-                        (nk, dqkp, mq),
-                        ws.dp.as_ptr(),
-                        (1, BWD_KEYS),
-                        qa,
-                        dqkp,
-                        ws.dk.as_mut_ptr(),
-                        dqkp,
-                        true,
-                    );
-                    let part = outs.part_rows(task, hh, i0, mqp);
-                    gemm::<V>(
-                        (mqp, dqkp, n),
-                        ws.dp.as_ptr(),
-                        (BWD_KEYS, 1),
-                        ws.kr.as_ptr(),
-                        dqkp,
-                        part,
-                        dqkp,
-                        true,
-                    );
+                    // SAFETY: s and dp hold mqp rows of BWD_KEYS >= ncols
+                    // floats, their P and dsc normal or 0 (P below 2^-126
+                    // was set to 0 and the rest is at most 1, times 2^56;
+                    // dsc times 2^t per ds_exp); the word and float buffers
+                    // hold the extents asserted (a pair row of p2, ds2r
+                    // BWD_KEYS >= nk words, of ds2c BWD_KEYS / 2); nk and
+                    // mqp are multiples of 12, dvp and dqkp of 16; the level
+                    // is avx512bf16 (block_pairs).
+                    unsafe {
+                        crate::dot16::round_tile(
+                            (ws.s.as_ptr(), BWD_KEYS),
+                            (mq, ncols),
+                            pairs::pow2(pairs::P_EXP),
+                            (ws.p2.as_mut_ptr(), BWD_KEYS),
+                            false,
+                        );
+                        crate::dot16::gemm_pairs(
+                            (nk, dvp, at2.1),
+                            (ws.p2.as_ptr(), 1, BWD_KEYS),
+                            (ws.do2r[at2.0 * dvp..].as_ptr(), dvp),
+                            (ws.tv.as_mut_ptr(), dvp),
+                        );
+                        pairs::add_scaled(&mut ws.dv, &ws.tv, pairs::pow2(-pairs::P_EXP), nk * dvp);
+                        if let Some(t) = t {
+                            crate::dot16::round_tile(
+                                (ws.dp.as_ptr(), BWD_KEYS),
+                                (mq, ncols),
+                                pairs::pow2(t),
+                                (ws.ds2r.as_mut_ptr(), BWD_KEYS),
+                                false,
+                            );
+                            crate::dot16::round_tile(
+                                (ws.dp.as_ptr(), BWD_KEYS),
+                                (mqp, ncols),
+                                pairs::pow2(t),
+                                (ws.ds2c.as_mut_ptr(), BWD_KEYS / 2),
+                                true,
+                            );
+                            crate::dot16::gemm_pairs(
+                                (nk, dqkp, at2.1),
+                                (ws.ds2r.as_ptr(), 1, BWD_KEYS),
+                                (ws.q2r[at2.0 * dqkp..].as_ptr(), dqkp),
+                                (ws.tk.as_mut_ptr(), dqkp),
+                            );
+                            crate::dot16::gemm_pairs(
+                                (mqp, dqkp, n.div_ceil(2)),
+                                (ws.ds2c.as_ptr(), BWD_KEYS / 2, 1),
+                                (ws.k2r.as_ptr(), dqkp),
+                                (ws.tq.as_mut_ptr(), dqkp),
+                            );
+                            let back = pairs::pow2(-t);
+                            pairs::add_scaled(&mut ws.dk, &ws.tk, back, nk * dqkp);
+                            let part = outs.part_rows(task, hh, i0, mqp);
+                            // SAFETY: part_rows gives mqp rows of dqkp
+                            // floats that only this task writes.
+                            let part = std::slice::from_raw_parts_mut(part, mqp * dqkp);
+                            pairs::add_scaled(part, &ws.tq, back, mqp * dqkp);
+                            ds_done = true;
+                        }
+                    }
+                } else {
+                    // s holds mq rows of BWD_KEYS floats (A read
+                    // transposed: key r, row kk at kk * BWD_KEYS + r, r <
+                    // nk <= BWD_KEYS), d_o mq rows of dvp, dv nk rows.
+                    // SAFETY: every extent above is inside its buffer.
+                    unsafe {
+                        gemm::<V>(
+                            (nk, dvp, mq),
+                            ws.s.as_ptr(),
+                            (1, BWD_KEYS),
+                            da,
+                            dvp,
+                            ws.dv.as_mut_ptr(),
+                            dvp,
+                            true,
+                        );
+                    }
+                }
+                if !ds_done {
+                    // As dV, with dp (dsc) and q (dqkp), dk; the partial
+                    // rows of this block are rows i0..i0+mqp of head hh
+                    // (the task's rows are padded to a multiple of
+                    // BWD_ROWS, itself a multiple of mr).
+                    // SAFETY: every extent is inside its buffer.
+                    unsafe {
+                        gemm::<V>(
+                            (nk, dqkp, mq),
+                            ws.dp.as_ptr(),
+                            (1, BWD_KEYS),
+                            qa,
+                            dqkp,
+                            ws.dk.as_mut_ptr(),
+                            dqkp,
+                            true,
+                        );
+                        let part = outs.part_rows(task, hh, i0, mqp);
+                        gemm::<V>(
+                            (mqp, dqkp, n),
+                            ws.dp.as_ptr(),
+                            (BWD_KEYS, 1),
+                            ws.kr.as_ptr(),
+                            dqkp,
+                            part,
+                            dqkp,
+                            true,
+                        );
+                    }
                 }
             }
         }
         outs.write_kv(ctx, (b, kvh, j0), (n, all), (&ws.dk, dqkp), (&ws.dv, dvp));
     }
+}
+
+/// dS = P (dP - D) of one tile (`s` holds P, `dp` dP), the bias
+/// gradient, and dsc = dS dx/d(q.k) into `dp`. With `PAIRS` (`pairs.rs`),
+/// P below 2^-126 is set to 0 first (in `s` too), and the largest and
+/// smallest nonzero |dsc| are returned with whether every row's D is
+/// finite.
+#[inline(always)]
+fn ds_tile<V: Vector, T: CpuElement, const PAIRS: bool>(
+    ctx: &Ctx<'_, T>,
+    outs: &Outs<T>,
+    ((b, h), (i0, mq), (j0, n)): ((usize, usize), (usize, usize), (usize, usize)),
+    ws: &mut Scratch,
+) -> (f32, f32, bool) {
+    let p = ctx.p;
+    let s = p.shape;
+    let cap = p.options.softcap;
+    let scale = p.scale();
+    let nvec = n.div_ceil(LANES);
+    let (mut big, mut neg_small) = (V::ZERO, V::splat(f32::NEG_INFINITY));
+    let mut finite = true;
+    for r in 0..mq {
+        let i = i0 + r;
+        let dr = ctx.d[(b * s.q_heads + h) * s.q_len + i];
+        finite &= dr.is_finite();
+        for c in 0..nvec {
+            let at = r * BWD_KEYS + c * LANES;
+            // SAFETY: at + 16 <= (r + 1) * BWD_KEYS in both tiles.
+            let (mut pv, dpv) = unsafe {
+                (
+                    load::<V>(ws.s.as_ptr().add(at)),
+                    load::<V>(ws.dp.as_ptr().add(at)),
+                )
+            };
+            if PAIRS {
+                pv = pv.select_lt(f32::MIN_POSITIVE, V::ZERO, pv);
+                // SAFETY: as above.
+                unsafe { store(ws.s.as_mut_ptr().add(at), pv) };
+            }
+            let ds = pv * (dpv - V::splat(dr));
+            if outs.has_dbias() {
+                let m = (n - c * LANES).min(LANES);
+                outs.add_dbias((b, h, i), j0 + c * LANES, &ds.to_array()[..m]);
+            }
+            let g = match cap {
+                // SAFETY: as above, in the slope tile.
+                Some(_) => unsafe { load::<V>(ws.slope.as_ptr().add(at)) },
+                None => V::splat(scale),
+            };
+            let dsc = ds * g;
+            if PAIRS {
+                let a = dsc.abs();
+                big = big.fast_max(a);
+                let a = a.replace_where_eq(a, 0.0, f32::INFINITY);
+                neg_small = neg_small.fast_max(V::ZERO - a);
+            }
+            // SAFETY: as above.
+            unsafe { store(ws.dp.as_mut_ptr().add(at), dsc) };
+        }
+    }
+    let max = big.to_array().into_iter().fold(0.0f32, f32::max);
+    let min = -neg_small
+        .to_array()
+        .into_iter()
+        .fold(f32::NEG_INFINITY, f32::max);
+    (max, min, finite)
 }
 
 #[cfg(test)]

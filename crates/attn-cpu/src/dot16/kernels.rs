@@ -211,45 +211,170 @@ pub unsafe fn pv_part(
     }
 }
 
-/// `C[m x n] = A[m x k] B[k x n]` on pairs (the backward pass's `S = Q
-/// K^T` and `dP = dO V^T`): `A` row `r` is `k2` words at `a + r * a_rs`
-/// (pairs of its elements `2kk`, `2kk + 1`), `B` row `kk` is `n` words at
-/// `b + kk * b_rs` (column `c`'s elements `2kk`, `2kk + 1`), `C` rows of
-/// `n` floats, `c_rs` apart, overwritten. Tiles of 12 rows x 16 columns
-/// (12 accumulators, one streamed vector, one broadcast).
+/// One `12 x (NV * 16)` tile of [`gemm_pairs`] over `k2` pairs.
+///
+/// # Safety
+/// As [`gemm_pairs`], for rows `0..12` and columns `0..NV * 16` at the
+/// pointers given.
+#[inline(always)]
+unsafe fn pair_tile<const NV: usize>(
+    k2: usize,
+    (a, a_rs, a_cs): (*const u32, usize, usize),
+    (b, b_rs): (*const u32, usize),
+    (c, c_rs): (*mut f32, usize),
+) {
+    const MR: usize = 12;
+    // SAFETY: every access is within the extents of the contract above.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        for kk in 0..k2 {
+            let mut bv = [zero_pairs(); NV];
+            for v in 0..NV {
+                bv[v] = load_pairs(b.add(kk * b_rs + 16 * v));
+            }
+            for r in 0..MR {
+                let av = splat_pair(a.add(r * a_rs + kk * a_cs));
+                for v in 0..NV {
+                    acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+                }
+            }
+        }
+        for r in 0..MR {
+            for v in 0..NV {
+                _mm512_storeu_ps(c.add(r * c_rs + 16 * v), acc[r][v]);
+            }
+        }
+    }
+}
+
+/// `C[m x n] = A[m x k] B[k x n]` on pairs (the backward pass's five
+/// products): word `(r, kk)` of `A` at `a + r * a_rs + kk * a_cs` holds
+/// the pair of row `r`'s elements `2kk`, `2kk + 1`; `B` row `kk` is `n`
+/// words at `b + kk * b_rs` (column `c`'s elements `2kk`, `2kk + 1`); `C`
+/// rows of `n` floats, `c_rs` apart, overwritten. Tiles of 12 rows x 32
+/// columns (24 accumulators, two streamed vectors, one broadcast), and 12
+/// x 16 for a last 16 columns.
 ///
 /// # Safety
 /// `m` a multiple of 12 and `n` of 16; every word named above readable
 /// and every float of `C` writable; the CPU runs AVX-512 F and BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_pairs(
     (m, n, k2): (usize, usize, usize),
-    a: *const u32,
-    a_rs: usize,
-    b: *const u32,
-    b_rs: usize,
-    c: *mut f32,
-    c_rs: usize,
+    (a, a_rs, a_cs): (*const u32, usize, usize),
+    (b, b_rs): (*const u32, usize),
+    (c, c_rs): (*mut f32, usize),
 ) {
-    const MR: usize = 12;
-    assert!(m.is_multiple_of(MR) && n.is_multiple_of(16));
+    assert!(m.is_multiple_of(12) && n.is_multiple_of(16));
+    // SAFETY: every tile is within the extents of the contract above.
+    unsafe {
+        for r0 in (0..m).step_by(12) {
+            let at = (a.add(r0 * a_rs), a_rs, a_cs);
+            let mut c0 = 0;
+            while c0 + 32 <= n {
+                pair_tile::<2>(k2, at, (b.add(c0), b_rs), (c.add(r0 * c_rs + c0), c_rs));
+                c0 += 32;
+            }
+            if c0 < n {
+                pair_tile::<1>(k2, at, (b.add(c0), b_rs), (c.add(r0 * c_rs + c0), c_rs));
+            }
+        }
+    }
+}
+
+/// Word `i` = bf16 of `lo[i]` (low half) and `hi[i]` (high half), rounded
+/// to nearest even: `vcvtne2ps2bf16` then a word interleave.
+///
+/// # Safety
+/// The CPU runs AVX-512 BW and BF16; `lo`, `hi` normal or zero (a
+/// subnormal f32 is flushed).
+#[inline(always)]
+unsafe fn interleave16(lo: __m512, hi: __m512) -> __m512i {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        // bf16 0..16: lo's lanes; 16..32: hi's.
+        let both = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+        let idx = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
+            4, 19, 3, 18, 2, 17, 1, 16, 0,
+        );
+        _mm512_permutexvar_epi16(idx, both)
+    }
+}
+
+/// Rounds `x[r][c] * f` to bf16 (nearest even) as words of row pairs:
+/// word `rp * ld_d + c` of `dst` holds rows `2rp` and `2rp + 1` of column
+/// `c`, for `rp < ceil(rows / 2)` (a row past `rows` reads as 0), `c <
+/// cols`. `x` rows are `ld` floats apart.
+///
+/// # Safety
+/// `src + r * ld + c` readable for `r < rows`, `c < cols`; `dst + rp *
+/// ld_d + c` writable as above; `cols` a multiple of 16; every `x * f` a
+/// normal f32 or 0 (a subnormal would be flushed); the CPU runs AVX-512
+/// BW and BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[inline(never)]
+pub unsafe fn round_row_pairs(
+    (src, ld): (*const f32, usize),
+    (rows, cols): (usize, usize),
+    f: f32,
+    (dst, ld_d): (*mut u32, usize),
+) {
+    assert!(cols.is_multiple_of(16));
     // SAFETY: every access is within the extents of the contract above.
     unsafe {
-        for r0 in (0..m).step_by(MR) {
-            for c0 in (0..n).step_by(16) {
-                let mut acc = [_mm512_setzero_ps(); MR];
-                for kk in 0..k2 {
-                    let bv = load_pairs(b.add(kk * b_rs + c0));
-                    for r in 0..MR {
-                        let av = splat_pair(a.add((r0 + r) * a_rs + kk));
-                        acc[r] = _mm512_dpbf16_ps(acc[r], av, bv);
-                    }
-                }
-                for r in 0..MR {
-                    _mm512_storeu_ps(c.add((r0 + r) * c_rs + c0), acc[r]);
-                }
+        let fv = _mm512_set1_ps(f);
+        for rp in 0..rows.div_ceil(2) {
+            let e = src.add(2 * rp * ld);
+            let odd = 2 * rp + 1 < rows;
+            for c in (0..cols).step_by(16) {
+                let lo = _mm512_mul_ps(_mm512_loadu_ps(e.add(c)), fv);
+                let hi = match odd {
+                    true => _mm512_mul_ps(_mm512_loadu_ps(e.add(ld + c)), fv),
+                    false => _mm512_setzero_ps(),
+                };
+                _mm512_storeu_si512(dst.add(rp * ld_d + c).cast(), interleave16(lo, hi));
+            }
+        }
+    }
+}
+
+/// Rounds `x[r][c] * f` to bf16 (nearest even) in order: word `r * ld_d +
+/// kp` of `dst` holds columns `2kp` and `2kp + 1` of row `r`, for `r <
+/// rows`, `kp < cols / 2`. `x` rows are `ld` floats apart.
+///
+/// # Safety
+/// As [`round_row_pairs`], with `dst + r * ld_d + kp` writable for `r <
+/// rows`, `kp < cols / 2`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[inline(never)]
+pub unsafe fn round_rows(
+    (src, ld): (*const f32, usize),
+    (rows, cols): (usize, usize),
+    f: f32,
+    (dst, ld_d): (*mut u32, usize),
+) {
+    assert!(cols.is_multiple_of(16));
+    // SAFETY: every access is within the extents of the contract above.
+    unsafe {
+        let fv = _mm512_set1_ps(f);
+        for r in 0..rows {
+            let (x, out) = (src.add(r * ld), dst.add(r * ld_d));
+            let mut c = 0;
+            while c + 32 <= cols {
+                let lo = _mm512_mul_ps(_mm512_loadu_ps(x.add(c)), fv);
+                let hi = _mm512_mul_ps(_mm512_loadu_ps(x.add(c + 16)), fv);
+                // bf16 0..16: lo's lanes, 16..32: hi's: columns c..c+32 in
+                // order.
+                let w = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_storeu_si512(out.add(c / 2).cast(), w);
+                c += 32;
+            }
+            if c < cols {
+                let lo = _mm512_mul_ps(_mm512_loadu_ps(x.add(c)), fv);
+                let w = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(lo));
+                _mm256_storeu_si256(out.add(c / 2).cast(), w);
             }
         }
     }
@@ -258,19 +383,24 @@ pub unsafe fn gemm_pairs(
 /// Packs f32 that are bf16 values into bf16 words: with `odd`, word `i`
 /// holds `even[i]` and `odd[i]` (two rows interleaved), else `even[2i]`
 /// and `even[2i + 1]` (one row in order; an odd length ends in 0).
-/// Returns whether every element [`fits`](super::fits); it is exact either
+/// Returns whether every element is 0 or in window `win`; it is exact either
 /// way (bit moves only: the conversion instruction would flush subnormals).
 ///
 /// # Safety
 /// The CPU runs AVX-512 F, BW and BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
 #[inline(never)]
-pub unsafe fn pack_words(even: &[f32], odd: Option<&[f32]>, dst: &mut [u32]) -> bool {
+pub unsafe fn pack_words(
+    even: &[f32],
+    odd: Option<&[f32]>,
+    dst: &mut [u32],
+    win: super::Window,
+) -> bool {
     let word = |lo: f32, hi: f32| {
         let (l, h) = ((lo.to_bits() >> 16) as u16, (hi.to_bits() >> 16) as u16);
         (
             l as u32 | (h as u32) << 16,
-            super::fits(l) && super::fits(h),
+            super::fits_in(l, win) && super::fits_in(h, win),
         )
     };
     let mut bad: __mmask32 = 0;
@@ -291,7 +421,7 @@ pub unsafe fn pack_words(even: &[f32], odd: Option<&[f32]>, dst: &mut [u32]) -> 
                     let o = _mm512_castps_si512(_mm512_loadu_ps(odd.as_ptr().add(i)));
                     let hi = _mm512_and_si512(o, _mm512_set1_epi32(0xffff_0000u32 as i32));
                     let w = _mm512_or_si512(_mm512_srli_epi32::<16>(e), hi);
-                    bad |= super::pass::misfits(w);
+                    bad |= super::pass::misfits_in(w, win);
                     _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), w);
                 }
                 i += 16;
@@ -320,7 +450,7 @@ pub unsafe fn pack_words(even: &[f32], odd: Option<&[f32]>, dst: &mut [u32]) -> 
                     let a = _mm512_castps_si512(_mm512_loadu_ps(even.as_ptr().add(2 * i)));
                     let b = _mm512_castps_si512(_mm512_loadu_ps(even.as_ptr().add(2 * i + 16)));
                     let w = _mm512_permutex2var_epi16(a, idx, b);
-                    bad |= super::pass::misfits(w);
+                    bad |= super::pass::misfits_in(w, win);
                     _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), w);
                 }
                 i += 16;
@@ -348,6 +478,7 @@ pub fn mr(nv: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{BACKWARD, FORWARD};
     use super::*;
     use attn_spec::bf16;
 
@@ -374,13 +505,13 @@ mod tests {
             let o: Vec<f32> = (0..n).map(|i| v(i + 100)).collect();
             let mut dst = vec![0u32; n];
             // SAFETY: the CPU runs the level (checked).
-            assert!(unsafe { pack_words(&e, Some(&o), &mut dst) });
+            assert!(unsafe { pack_words(&e, Some(&o), &mut dst, FORWARD) });
             for i in 0..n {
                 assert_eq!(dst[i], word(b(e[i]), b(o[i])), "n={n} i={i}");
             }
             let mut dst = vec![0u32; n.div_ceil(2)];
             // SAFETY: as above.
-            assert!(unsafe { pack_words(&e, None, &mut dst) });
+            assert!(unsafe { pack_words(&e, None, &mut dst, FORWARD) });
             for i in 0..n.div_ceil(2) {
                 let hi = e.get(2 * i + 1).map_or(0, |&x| b(x));
                 assert_eq!(dst[i], word(b(e[2 * i]), hi), "n={n} i={i}");
@@ -391,18 +522,31 @@ mod tests {
                 e2[at] = 1e-39;
                 let mut dst = vec![0u32; n];
                 // SAFETY: as above.
-                let fit = unsafe { pack_words(&e2, Some(&o), &mut dst) };
+                let fit = unsafe { pack_words(&e2, Some(&o), &mut dst, FORWARD) };
                 assert!(!fit, "n={n} at={at}");
                 let mut dst = vec![0u32; n.div_ceil(2)];
                 // SAFETY: as above.
-                let fit = unsafe { pack_words(&e2, None, &mut dst) };
+                let fit = unsafe { pack_words(&e2, None, &mut dst, FORWARD) };
+                assert!(!fit, "n={n} at={at}");
+                // 2^-41 is in the forward's window, not the backward's.
+                e2[at] = 2f32.powi(-41);
+                let mut dst = vec![0u32; n];
+                // SAFETY: as above.
+                assert!(unsafe { pack_words(&e2, Some(&o), &mut dst, FORWARD) });
+                // SAFETY: as above.
+                let fit = unsafe { pack_words(&e2, Some(&o), &mut dst, BACKWARD) };
+                assert!(!fit, "n={n} at={at}");
+                let mut dst = vec![0u32; n.div_ceil(2)];
+                // SAFETY: as above.
+                let fit = unsafe { pack_words(&e2, None, &mut dst, BACKWARD) };
                 assert!(!fit, "n={n} at={at}");
             }
         }
     }
 
     /// The pair product against f64 sums of the same bf16 values, within
-    /// the f32 accumulation bound `gamma(2 k2) * sum |a b|`.
+    /// the f32 accumulation bound `gamma(2 k2) * sum |a b|`, with A's
+    /// pairs along its rows and across them, on 32- and 16-column tiles.
     #[test]
     fn gemm_pairs_matches_scalar_sums() {
         if !crate::Isa::Avx512Bf16.supported() {
@@ -410,45 +554,87 @@ mod tests {
             return;
         }
         let val = |i: usize| ((i * 29 + 5) % 31) as f32 * 0.137 - 2.1;
-        let (m, n, k2, a_rs, b_rs, c_rs) = (24usize, 32usize, 7usize, 9usize, 40usize, 35usize);
-        let a: Vec<u32> = (0..m * a_rs)
-            .map(|i| word(b(val(2 * i)), b(val(2 * i + 1))))
-            .collect();
+        let (m, n, k2, b_rs, c_rs) = (24usize, 48usize, 7usize, 50usize, 51usize);
         let bm: Vec<u32> = (0..k2 * b_rs)
             .map(|i| word(b(val(3 * i)), b(val(3 * i + 2))))
             .collect();
-        let mut c = vec![f32::NAN; m * c_rs];
-        // SAFETY: extents as the contract states, allocated above; the CPU
-        // runs the level (checked).
-        unsafe {
-            gemm_pairs(
-                (m, n, k2),
-                a.as_ptr(),
-                a_rs,
-                bm.as_ptr(),
-                b_rs,
-                c.as_mut_ptr(),
-                c_rs,
-            )
-        };
-        for r in 0..m {
-            for col in 0..n {
-                let (mut want, mut mag) = (0.0, 0.0);
-                for kk in 0..k2 {
-                    let (x, y) = (a[r * a_rs + kk], bm[kk * b_rs + col]);
-                    for h in [0, 16] {
-                        let t = f((x >> h) as u16) * f((y >> h) as u16);
-                        want += t;
-                        mag += t.abs();
+        // (row stride, pair stride) of A: rows of pairs, or pairs of rows.
+        for (a_rs, a_cs) in [(9usize, 1usize), (1, 27)] {
+            let a: Vec<u32> = (0..m * a_rs + k2 * a_cs)
+                .map(|i| word(b(val(2 * i)), b(val(2 * i + 1))))
+                .collect();
+            let mut c = vec![f32::NAN; m * c_rs];
+            // SAFETY: extents as the contract states, allocated above; the
+            // CPU runs the level (checked).
+            unsafe {
+                gemm_pairs(
+                    (m, n, k2),
+                    (a.as_ptr(), a_rs, a_cs),
+                    (bm.as_ptr(), b_rs),
+                    (c.as_mut_ptr(), c_rs),
+                )
+            };
+            for r in 0..m {
+                for col in 0..n {
+                    let (mut want, mut mag) = (0.0, 0.0);
+                    for kk in 0..k2 {
+                        let (x, y) = (a[r * a_rs + kk * a_cs], bm[kk * b_rs + col]);
+                        for h in [0, 16] {
+                            let t = f((x >> h) as u16) * f((y >> h) as u16);
+                            want += t;
+                            mag += t.abs();
+                        }
                     }
+                    let nu = 2.0 * k2 as f64 * 2f64.powi(-24);
+                    let got = c[r * c_rs + col] as f64;
+                    assert!(
+                        (got - want).abs() <= nu / (1.0 - nu) * mag,
+                        "A ({a_rs}, {a_cs}) r={r} c={col}: {got} vs {want}"
+                    );
                 }
-                let nu = 2.0 * k2 as f64 * 2f64.powi(-24);
-                let got = c[r * c_rs + col] as f64;
-                assert!(
-                    (got - want).abs() <= nu / (1.0 - nu) * mag,
-                    "r={r} c={col}: {got} vs {want}"
-                );
             }
+        }
+    }
+
+    /// Both roundings of a scaled tile against `bf16::from_f32` (nearest
+    /// even), with an odd row count (the last pair's high half 0) and a
+    /// last 16 columns.
+    #[test]
+    fn round_pairs_and_rows_match_scalar_rounding() {
+        if !crate::Isa::Avx512Bf16.supported() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        let (rows, cols, ld) = (5usize, 48usize, 50usize);
+        // Values between bf16 neighbours, ties included (x.5 ulp).
+        let x: Vec<f32> = (0..rows * ld)
+            .map(|i| (1.0 + (i % 97) as f32 / 256.0) * if i % 3 == 0 { -1.0 } else { 0.25 })
+            .collect();
+        let f = 2f32.powi(40);
+        let want = |r: usize, c: usize| match r < rows {
+            true => b(x[r * ld + c] * f),
+            false => 0,
+        };
+        let mut pairs = vec![u32::MAX; rows.div_ceil(2) * 52];
+        let mut along = vec![u32::MAX; rows * 30];
+        // SAFETY: extents as the contracts state; every x * f is normal;
+        // the CPU runs the level (checked).
+        unsafe {
+            round_row_pairs((x.as_ptr(), ld), (rows, cols), f, (pairs.as_mut_ptr(), 52));
+            round_rows((x.as_ptr(), ld), (rows, cols), f, (along.as_mut_ptr(), 30));
+        }
+        for rp in 0..rows.div_ceil(2) {
+            for c in 0..cols {
+                let w = word(want(2 * rp, c), want(2 * rp + 1, c));
+                assert_eq!(pairs[rp * 52 + c], w, "pairs rp={rp} c={c}");
+            }
+        }
+        for r in 0..rows {
+            for kp in 0..cols / 2 {
+                let w = word(want(r, 2 * kp), want(r, 2 * kp + 1));
+                assert_eq!(along[r * 30 + kp], w, "rows r={r} kp={kp}");
+            }
+            assert_eq!(along[r * 30 + cols / 2], u32::MAX, "wrote past the row");
         }
     }
 

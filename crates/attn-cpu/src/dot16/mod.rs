@@ -58,11 +58,36 @@ pub fn applies<T: Element>(ctx: &Ctx<'_, T>, isa: Isa) -> bool {
         && p.k.strides[3] == 1
 }
 
-/// Whether bf16 element `x` (its bits) may enter `vdpbf16ps` here: zero,
-/// or a magnitude in `[2^-64, 2^57)` (biased exponent 63 to 183).
+/// Magnitudes a bf16 element may have to enter `vdpbf16ps` in one use
+/// (besides 0): biased exponents `lo..=hi` (bf16 shares f32's exponent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Smallest biased exponent.
+    pub lo: u16,
+    /// Largest biased exponent.
+    pub hi: u16,
+}
+
+/// The forward pass's window: `[2^-64, 2^57)` (module docs).
+pub const FORWARD: Window = Window { lo: 63, hi: 183 };
+
+/// The backward pass's window for Q, K, V and dO: `[2^-40, 2^40)`, where
+/// no product of the backward's pair products flushes
+/// (`backward/pairs.rs`).
+pub const BACKWARD: Window = Window { lo: 87, hi: 166 };
+
+/// Whether bf16 element `x` (its bits) is 0 or has a magnitude in `w`.
+#[inline(always)]
+pub fn fits_in(x: u16, w: Window) -> bool {
+    (x & 0x7fff) == 0 || ((x >> 7) & 0xff).wrapping_sub(w.lo) <= w.hi - w.lo
+}
+
+/// Whether bf16 element `x` (its bits) may enter `vdpbf16ps` in the
+/// forward pass: zero, or a magnitude in `[2^-64, 2^57)` (biased exponent
+/// 63 to 183).
 #[inline(always)]
 pub fn fits(x: u16) -> bool {
-    (x & 0x7fff) == 0 || ((x >> 7) & 0xff).wrapping_sub(63) <= 183 - 63
+    fits_in(x, FORWARD)
 }
 
 /// The keys of one (batch, K/V head) whose K and V rows a thread has found
@@ -136,6 +161,8 @@ mod tests {
             let x = bf16::from_bits(bits).to_f32();
             let want = x == 0.0 || (2f32.powi(-64) <= x.abs() && x.abs() < 2f32.powi(57));
             assert_eq!(fits(bits), want, "{bits:#06x}");
+            let want = x == 0.0 || (2f32.powi(-40) <= x.abs() && x.abs() < 2f32.powi(40));
+            assert_eq!(fits_in(bits, BACKWARD), want, "{bits:#06x}");
         }
     }
 
@@ -161,20 +188,16 @@ mod tests {
 pub use pass::run_items;
 
 /// `C = A B` on bf16 pairs (`kernels::gemm_pairs`, which states the
-/// layout): the backward pass's `S = Q K^T` and `dP = dO V^T` for bf16
-/// inputs on the `avx512bf16` level.
+/// layout): the backward pass's products for bf16 inputs on the
+/// `avx512bf16` level.
 ///
 /// # Safety
 /// As `kernels::gemm_pairs`, whose CPU requirement is checked here.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_pairs(
     mnk: (usize, usize, usize),
-    a: *const u32,
-    a_rs: usize,
-    b: *const u32,
-    b_rs: usize,
-    c: *mut f32,
-    c_rs: usize,
+    a: (*const u32, usize, usize),
+    b: (*const u32, usize),
+    c: (*mut f32, usize),
 ) {
     assert!(
         Isa::Avx512Bf16.supported(),
@@ -183,28 +206,57 @@ pub unsafe fn gemm_pairs(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: forwarded from the caller; the CPU runs the level (asserted).
     unsafe {
-        kernels::gemm_pairs(mnk, a, a_rs, b, b_rs, c, c_rs)
+        kernels::gemm_pairs(mnk, a, b, c)
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (mnk, a, a_rs, b, b_rs, c, c_rs);
+    let _ = (mnk, a, b, c);
 }
 
 /// Packs f32 that are bf16 values into bf16 words, as
 /// `kernels::pack_words` (two rows interleaved, or one row in order);
-/// returns whether every element [`fits`].
-pub fn pack_words(even: &[f32], odd: Option<&[f32]>, dst: &mut [u32]) -> bool {
+/// returns whether every element is 0 or in window `w`.
+pub fn pack_words(even: &[f32], odd: Option<&[f32]>, dst: &mut [u32], w: Window) -> bool {
     assert!(
         Isa::Avx512Bf16.supported(),
         "bf16 words are packed for AVX512_BF16"
     );
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the CPU runs the level (asserted).
-    return unsafe { kernels::pack_words(even, odd, dst) };
+    return unsafe { kernels::pack_words(even, odd, dst, w) };
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (even, odd, dst);
+        let _ = (even, odd, dst, w);
         unreachable!()
     }
+}
+
+/// Rounds a scaled f32 tile to bf16 words of row pairs, or of column
+/// pairs in order (`along`): `kernels::round_row_pairs` and
+/// `kernels::round_rows`, which state the layouts.
+///
+/// # Safety
+/// As those kernels, whose CPU requirement is checked here.
+pub unsafe fn round_tile(
+    src: (*const f32, usize),
+    size: (usize, usize),
+    f: f32,
+    dst: (*mut u32, usize),
+    along: bool,
+) {
+    assert!(
+        Isa::Avx512Bf16.supported(),
+        "bf16 words are rounded for AVX512_BF16"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: forwarded from the caller; the CPU runs the level (asserted).
+    unsafe {
+        match along {
+            true => kernels::round_rows(src, size, f, dst),
+            false => kernels::round_row_pairs(src, size, f, dst),
+        }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (src, size, f, dst, along);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -554,12 +606,22 @@ mod pass {
     /// The CPU runs AVX-512 BW.
     #[inline(always)]
     pub(super) unsafe fn misfits(x: __m512i) -> __mmask32 {
+        // SAFETY: forwarded.
+        unsafe { misfits_in(x, super::FORWARD) }
+    }
+
+    /// The lanes of 32 bf16 that are neither 0 nor of a magnitude in `w`.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 BW.
+    #[inline(always)]
+    pub(super) unsafe fn misfits_in(x: __m512i, w: super::Window) -> __mmask32 {
         // SAFETY: the CPU runs AVX-512 BW (this function's contract).
         unsafe {
             let nonzero = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x7fff));
             let e = _mm512_and_si512(_mm512_srli_epi16::<7>(x), _mm512_set1_epi16(0xff));
-            let off = _mm512_sub_epi16(e, _mm512_set1_epi16(63));
-            nonzero & !_mm512_cmple_epu16_mask(off, _mm512_set1_epi16(183 - 63))
+            let off = _mm512_sub_epi16(e, _mm512_set1_epi16(w.lo as i16));
+            nonzero & !_mm512_cmple_epu16_mask(off, _mm512_set1_epi16((w.hi - w.lo) as i16))
         }
     }
 
