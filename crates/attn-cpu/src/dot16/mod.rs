@@ -69,6 +69,7 @@ pub struct Window {
 }
 
 /// The forward pass's window: `[2^-64, 2^57)` (module docs).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub const FORWARD: Window = Window { lo: 63, hi: 183 };
 
 /// The backward pass's window for Q, K, V and dO: `[2^-40, 2^40)`, where
@@ -77,6 +78,7 @@ pub const FORWARD: Window = Window { lo: 63, hi: 183 };
 pub const BACKWARD: Window = Window { lo: 87, hi: 166 };
 
 /// Whether bf16 element `x` (its bits) is 0 or has a magnitude in `w`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline(always)]
 pub fn fits_in(x: u16, w: Window) -> bool {
     (x & 0x7fff) == 0 || ((x >> 7) & 0xff).wrapping_sub(w.lo) <= w.hi - w.lo
@@ -85,6 +87,7 @@ pub fn fits_in(x: u16, w: Window) -> bool {
 /// Whether bf16 element `x` (its bits) may enter `vdpbf16ps` in the
 /// forward pass: zero, or a magnitude in `[2^-64, 2^57)` (biased exponent
 /// 63 to 183).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline(always)]
 pub fn fits(x: u16) -> bool {
     fits_in(x, FORWARD)
