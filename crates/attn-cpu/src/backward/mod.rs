@@ -75,10 +75,12 @@ pub struct Task {
     pub blocks: Range<usize>,
 }
 
-/// The cut of a problem into tasks: `chunks` per unit.
+/// The cut of a problem into tasks: `chunks` per unit, the same key
+/// blocks for every unit.
 struct Plan {
     chunks: usize,
-    per_chunk: usize,
+    /// Chunk `c` holds key blocks `cuts[c]..cuts[c + 1]`.
+    cuts: Vec<usize>,
     /// Partial dQ rows per head (`q_len` rounded up to `BWD_ROWS`).
     rows: usize,
 }
@@ -89,34 +91,80 @@ impl Plan {
         let units = s.batch * s.kv_heads;
         let blocks = s.kv_len.div_ceil(BWD_KEYS).max(1);
         let chunks = BWD_MIN_TASKS.div_ceil(units).clamp(1, blocks);
-        let per_chunk = blocks.div_ceil(chunks);
         Plan {
-            chunks: blocks.div_ceil(per_chunk),
-            per_chunk,
+            chunks,
+            cuts: cuts(&block_work(p, blocks), chunks),
             rows: round_up(s.q_len, BWD_ROWS),
         }
     }
 
     fn tasks(&self, p: &Problem) -> Vec<Task> {
         let s = p.shape;
-        let blocks = s.kv_len.div_ceil(BWD_KEYS);
         let mut v = Vec::new();
         for b in 0..s.batch {
             for kvh in 0..s.kv_heads {
                 for c in 0..self.chunks {
-                    let lo = (c * self.per_chunk).min(blocks);
-                    let hi = ((c + 1) * self.per_chunk).min(blocks);
                     v.push(Task {
                         b,
                         kvh,
                         chunk: c,
-                        blocks: lo..hi,
+                        blocks: self.cuts[c]..self.cuts[c + 1],
                     });
                 }
             }
         }
         v
     }
+}
+
+/// The work of each key block, summed over the batch: the (row, key)
+/// pairs inside each row's key range (`kv_range`: causal and sliding
+/// windows, lengths), plus a fixed share for packing the block. From the
+/// shape and masks alone, in `O(batch (q_len + kv_len))`.
+fn block_work(p: &Problem, blocks: usize) -> Vec<u64> {
+    let s = p.shape;
+    let mut work = vec![(BWD_KEYS * 8) as u64; blocks];
+    // Rows that see each key: +1 where a row's range starts, -1 past its
+    // end, summed in key order.
+    let mut edges = vec![0i64; s.kv_len + 1];
+    for b in 0..s.batch {
+        let m = p.seq_mask(b);
+        edges.iter_mut().for_each(|e| *e = 0);
+        for i in 0..m.q_len {
+            let r = m.kv_range(i);
+            if r.start < r.end {
+                edges[r.start] += 1;
+                edges[r.end] -= 1;
+            }
+        }
+        let mut rows = 0i64;
+        for (j, e) in edges[..s.kv_len].iter().enumerate() {
+            rows += e;
+            work[j / BWD_KEYS] += rows as u64;
+        }
+    }
+    work
+}
+
+/// Boundaries of `chunks` runs of blocks (each at least one block) of
+/// about equal total work: chunk `c` ends at the first block where the
+/// running work reaches `(c + 1) / chunks` of the total.
+fn cuts(work: &[u64], chunks: usize) -> Vec<usize> {
+    let blocks = work.len();
+    let total: u64 = work.iter().sum();
+    let mut cuts = vec![0usize; chunks + 1];
+    let (mut k, mut acc) = (0usize, 0u64);
+    for c in 1..chunks {
+        let goal = (total as u128 * c as u128 / chunks as u128) as u64;
+        // At least one block per chunk, and one left for each later one.
+        while k < blocks - (chunks - c) && (k < cuts[c - 1] + 1 || acc + work[k] / 2 < goal) {
+            acc += work[k];
+            k += 1;
+        }
+        cuts[c] = k;
+    }
+    cuts[chunks] = blocks;
+    cuts
 }
 
 /// Where tasks write: dK and dV (each key row by the one task of its
@@ -505,7 +553,7 @@ mod tests {
     /// Packing Q and dO per tile (problems too large for the panels) gives
     /// the same gradients, bit for bit, as the panels: the same f32 rows
     /// enter the same products. (On levels up to avx512: avx512bf16 runs
-    /// two products of bf16 panels on bf16 pairs, which per-tile packing
+    /// the products of bf16 panels on bf16 pairs, which per-tile packing
     /// does not, so there the two differ by roundings.)
     #[test]
     fn tile_packing_equals_the_panels() {
@@ -545,5 +593,30 @@ mod tests {
             let r = attn_conformance::backward::check_backward(&Cpu::new(), &bc);
             assert_eq!(r, Ok(attn_conformance::Outcome::Passed));
         }
+    }
+
+    /// Chunks are contiguous, cover every block once, hold at least one
+    /// block each, and split causal work (rows seeing key j: S - j) about
+    /// evenly: the first chunk gets fewer blocks.
+    #[test]
+    fn cuts_balance_the_work() {
+        let causal: Vec<u64> = (0..43u64).map(|k| 2048 - 48 * k).collect();
+        for chunks in [1usize, 2, 3, 16, 43] {
+            let c = super::cuts(&causal, chunks);
+            assert_eq!((c[0], c[chunks], c.len()), (0, 43, chunks + 1));
+            assert!(c.windows(2).all(|w| w[0] < w[1]), "{chunks}: {c:?}");
+            let total: u64 = causal.iter().sum();
+            if chunks <= 3 {
+                for w in c.windows(2) {
+                    let part: u64 = causal[w[0]..w[1]].iter().sum();
+                    let share = part as f64 / total as f64 * chunks as f64;
+                    assert!((share - 1.0).abs() < 0.1, "{chunks}: {c:?} {share}");
+                }
+            }
+        }
+        assert!(super::cuts(&causal, 2)[1] < 43 / 2);
+        // No work at all: still one block or more per chunk.
+        let c = super::cuts(&[0; 5], 5);
+        assert_eq!(c, vec![0, 1, 2, 3, 4, 5]);
     }
 }
