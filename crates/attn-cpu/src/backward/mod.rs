@@ -10,7 +10,9 @@
 //!   group processed together (their dK/dV sum in one place, in head
 //!   order);
 //! - when there are fewer units than [`BWD_MIN_TASKS`], the key blocks of
-//!   each unit are cut into that many chunks at fixed boundaries: each
+//!   each unit are cut into that many chunks of about equal work (fixed
+//!   by the shape and masks: a causal unit's first chunk has fewer
+//!   blocks, as more rows see each of its keys): each
 //!   chunk's dK and dV are complete by themselves, and its dQ is a partial
 //!   sum that is added up afterwards in chunk order. So at batch 1 with
 //!   few heads both cores still work (PyTorch's CPU backward gives each
