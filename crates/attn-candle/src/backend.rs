@@ -183,6 +183,7 @@ impl Backend for CandleBackend {
                     lse: Mutex::new(None),
                     keep_for_bwd: false,
                     saved_lse: Mutex::new(None),
+                    stash: Mutex::default(),
                 };
                 let o = inputs
                     .q

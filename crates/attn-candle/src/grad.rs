@@ -23,14 +23,49 @@ fn tensor_of(h: HostData, like: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// The op's gradients: dQ, dK, dV as tensors like Q, K, V, and the bias
+/// and sinks gradients (f32, the bias's dims and `[q_heads]`) when `req`
+/// asks for them.
+pub struct OpGrads {
+    /// dQ, dK, dV.
+    pub qkv: (Tensor, Tensor, Tensor),
+    /// The bias gradient.
+    pub dbias: Option<Vec<f32>>,
+    /// The sinks' gradient.
+    pub dsinks: Option<Vec<f32>>,
+}
+
 /// dQ, dK, dV of the op's call on `q, k, v` with output `out` and output
-/// gradient `d_out`.
+/// gradient `d_out` (candle's `bwd` of the op): the ones a parameter's
+/// gradient op computed first in this backward pass
+/// ([`crate::bridge`]), or computed here.
 pub fn backward(
+    op: &AttnOp,
+    qkv: [&Tensor; 3],
+    out: &Tensor,
+    d_out: &Tensor,
+) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    let kept = op
+        .stash
+        .lock()
+        .map_err(|_| candle_core::Error::Msg("attn: stash lock poisoned".into()))?
+        .qkv
+        .take();
+    let (dq, dk, dv) = match kept {
+        Some(g) => g,
+        None => gradients(op, qkv, out, d_out, GradRequest::default())?.qkv,
+    };
+    Ok((Some(dq), Some(dk), Some(dv)))
+}
+
+/// Every gradient of the op's call that `req` asks for (see [`backward`]).
+pub fn gradients(
     op: &AttnOp,
     [q, k, v]: [&Tensor; 3],
     out: &Tensor,
     d_out: &Tensor,
-) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    req: GradRequest,
+) -> Result<OpGrads> {
     if !q.device().is_cpu() {
         candle_core::bail!(
             "attn: the backward pass runs on candle's CPU device (attn-candle's CUDA path has no backward yet)"
@@ -79,11 +114,23 @@ pub fn backward(
         d_out: &dh,
     };
     let g = Cpu::new()
-        .backward(&p, inputs, fwd, GradRequest::default())
+        .backward(&p, inputs, fwd, req)
         .map_err(to_candle)?;
-    Ok((
-        Some(tensor_of(g.dq, q)?),
-        Some(tensor_of(g.dk, k)?),
-        Some(tensor_of(g.dv, v)?),
-    ))
+    let f32s = |h: Option<HostData>| match h {
+        Some(HostData::F32(v)) => Ok(Some(v)),
+        None => Ok(None),
+        Some(other) => Err(candle_core::Error::Msg(format!(
+            "attn: unexpected parameter gradient type {:?}",
+            other.dtype()
+        ))),
+    };
+    Ok(OpGrads {
+        qkv: (
+            tensor_of(g.dq, q)?,
+            tensor_of(g.dk, k)?,
+            tensor_of(g.dv, v)?,
+        ),
+        dbias: f32s(g.dbias)?,
+        dsinks: f32s(g.dsinks)?,
+    })
 }

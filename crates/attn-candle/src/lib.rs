@@ -42,6 +42,7 @@
 //! ```
 
 mod backend;
+mod bridge;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod grad;
@@ -104,15 +105,20 @@ impl candle_core::CustomOp3 for Shared {
     }
 }
 
-/// Optional inputs of [`attention_ext`], each `[batch or 1, q_heads or 1,
-/// q_len, kv_len]` (a size-1 axis broadcasts). They are copied to the host
-/// once per call (they are small next to K and V, which never are).
+/// Optional inputs of [`attention_ext`]: a bias and a mask, each `[batch
+/// or 1, q_heads or 1, q_len, kv_len]` (a size-1 axis broadcasts), and
+/// sink logits. They are copied to the host once per call (they are small
+/// next to K and V, which never are). A bias or sinks tensor that tracks
+/// gradients gets them from candle autograd (`backward` on CPU tensors).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Extras<'a> {
     /// Additive bias added to the scaled scores, any float dtype.
     pub bias: Option<&'a Tensor>,
     /// Boolean mask, u8 (nonzero = the pair takes part).
     pub mask: Option<&'a Tensor>,
+    /// Sink logits, `[q_heads]`, any float dtype (instead of
+    /// `AttnOptions::sinks`, for sinks that are learned).
+    pub sinks: Option<&'a Tensor>,
 }
 
 /// Scaled dot-product attention on `[batch, seq, heads, dim]` tensors
@@ -168,6 +174,24 @@ pub fn attention_ext(
             );
         }
     }
+    let mut options = options.clone();
+    if let Some(t) = extras.sinks {
+        if options.sinks.is_some() {
+            candle_core::bail!("attn: sinks given twice, in the options and as a tensor");
+        }
+        if t.rank() != 1 {
+            candle_core::bail!(
+                "attn: sinks must be rank 1 [q_heads], got shape {:?}",
+                t.dims()
+            );
+        }
+        options.sinks = Some(t.to_dtype(candle_core::DType::F32)?.to_vec1()?);
+    }
+    let tracks = |t: Option<&Tensor>| t.is_some_and(Tensor::track_op);
+    let want = attn_spec::GradRequest {
+        bias: tracks(extras.bias),
+        sinks: tracks(extras.sinks),
+    };
     let op = AttnOp {
         problem: OpProblem::FromLayouts {
             options: Box::new(options.clone()),
@@ -179,11 +203,27 @@ pub fn attention_ext(
             extras.mask.map(op::host_data).transpose()?,
         ),
         lse: Mutex::new(None),
-        keep_for_bwd: q.track_op() || k.track_op() || v.track_op(),
+        keep_for_bwd: q.track_op() || k.track_op() || v.track_op() || want.bias || want.sinks,
         saved_lse: Mutex::new(None),
+        stash: Mutex::default(),
     };
     let op = std::sync::Arc::new(op);
-    let out = q.apply_op3_arc(k, v, std::sync::Arc::new(Box::new(Shared(op.clone()))))?;
+    let mut out = q.apply_op3_arc(k, v, std::sync::Arc::new(Box::new(Shared(op.clone()))))?;
+    // Parameters that learn: one gradient op each (`bridge.rs`).
+    for (t, param) in [
+        (extras.bias.filter(|_| want.bias), bridge::Param::Bias),
+        (extras.sinks.filter(|_| want.sinks), bridge::Param::Sinks),
+    ] {
+        if let Some(t) = t {
+            let g = bridge::ParamGrad {
+                op: op.clone(),
+                qkv: [q.clone(), k.clone(), v.clone()],
+                param,
+                want,
+            };
+            out = out.apply_op2(t, g)?;
+        }
+    }
     if !options.return_lse {
         return Ok((out, None));
     }

@@ -12,8 +12,9 @@
 //! which candle's graph holds until the backward pass. candle's `bwd`
 //! receives Q, K, V, the output and its gradient but no log-sum-exp; the
 //! kept one saves recomputing the forward. `bwd` runs attn-cpu's backward
-//! pass (CPU tensors; the bias and mask are constants here, so they get
-//! no gradient).
+//! pass (CPU tensors). A bias or sinks tensor that tracks gradients gets
+//! them through one more op after this one (`bridge.rs`); the boolean
+//! mask has none.
 
 use attn_cpu::{Cpu, CpuElement};
 use attn_spec::{AttnError, HostData, Problem, View};
@@ -56,6 +57,9 @@ pub struct AttnOp {
     pub keep_for_bwd: bool,
     /// The log-sum-exp kept for `bwd`.
     pub saved_lse: Mutex<Option<Vec<f32>>>,
+    /// Gradients computed by a parameter's gradient op and not yet taken
+    /// (`bridge.rs`).
+    pub stash: Mutex<crate::bridge::Stash>,
 }
 
 thread_local! {

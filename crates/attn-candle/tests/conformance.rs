@@ -174,7 +174,7 @@ proptest! {
             prop_assert_eq!(view, attn_spec::View::contiguous(view.dims));
             Ok(candle_tensor(m, view.dims))
         }).transpose()?;
-        let extras = attn_candle::Extras { bias: bias.as_ref(), mask: mask.as_ref() };
+        let extras = attn_candle::Extras { bias: bias.as_ref(), mask: mask.as_ref(), sinks: None };
         let (o, lse) = attn_candle::attention_ext(&q, &k, &v, extras, &case.problem.options).unwrap();
         prop_assert_eq!(o.dims(), &[s.batch, s.q_len, s.q_heads, s.head_dim_v]);
         prop_assert_eq!(lse.is_some(), case.problem.options.return_lse);
@@ -192,6 +192,7 @@ fn a_mask_that_is_not_u8_is_refused_by_name() {
     let extras = attn_candle::Extras {
         bias: None,
         mask: Some(&m),
+        sinks: None,
     };
     let e = attn_candle::attention_ext(&q, &q, &q, extras, &AttnOptions::default())
         .unwrap_err()
@@ -201,6 +202,7 @@ fn a_mask_that_is_not_u8_is_refused_by_name() {
     let extras = attn_candle::Extras {
         bias: Some(&b),
         mask: None,
+        sinks: None,
     };
     let e = attn_candle::attention_ext(&q, &q, &q, extras, &AttnOptions::default())
         .unwrap_err()
@@ -211,6 +213,7 @@ fn a_mask_that_is_not_u8_is_refused_by_name() {
     let extras = attn_candle::Extras {
         bias: Some(&b),
         mask: None,
+        sinks: None,
     };
     let e = attn_candle::attention_ext(&q, &q, &q, extras, &AttnOptions::default())
         .unwrap_err()

@@ -35,7 +35,9 @@ fn flat(t: &Tensor) -> Vec<f64> {
 }
 
 /// The gradients of `sum(out * dO)` by candle autograd, through the attn
-/// op (`fused`) or the plain composition.
+/// op (`fused`) or the plain composition: of Q, K, V, the bias (a
+/// variable when the case has one), and through the op the sinks (passed
+/// as a variable tensor instead of in the options).
 fn grads(bc: &BackCase, fused: bool) -> RefGrads {
     let p = &bc.case.problem;
     let s = p.shape;
@@ -50,11 +52,16 @@ fn grads(bc: &BackCase, fused: bool) -> RefGrads {
         var(&bc.case.v, &v_dims),
     );
     let d_out = tensor(&bc.d_out, &[bc.d_out.len()]);
-    let bias = bc
-        .case
-        .bias
-        .as_ref()
-        .map(|b| to_dtype(tensor(b, &p.bias.unwrap().view.dims), p.bias.unwrap().dtype));
+    let bias = bc.case.bias.as_ref().map(|b| {
+        Var::from_tensor(&to_dtype(
+            tensor(b, &p.bias.unwrap().view.dims),
+            p.bias.unwrap().dtype,
+        ))
+        .unwrap()
+    });
+    let sinks = p.options.sinks.as_ref().map(|v| {
+        Var::from_tensor(&Tensor::from_vec(v.clone(), v.len(), &Device::Cpu).unwrap()).unwrap()
+    });
     let mask = bc.case.mask.as_ref().map(|m| {
         tensor(m, &p.mask.unwrap().dims)
             .to_dtype(CDType::U8)
@@ -62,10 +69,13 @@ fn grads(bc: &BackCase, fused: bool) -> RefGrads {
     });
     let out = if fused {
         let extras = Extras {
-            bias: bias.as_ref(),
+            bias: bias.as_deref(),
             mask: mask.as_ref(),
+            sinks: sinks.as_deref(),
         };
-        attention_ext(&q, &k, &v, extras, &p.options).unwrap().0
+        let mut options = p.options.clone();
+        options.sinks = None;
+        attention_ext(&q, &k, &v, extras, &options).unwrap().0
     } else {
         let (qf, kf, vf) = (
             q.flatten_all().unwrap(),
@@ -73,7 +83,7 @@ fn grads(bc: &BackCase, fused: bool) -> RefGrads {
             v.flatten_all().unwrap(),
         );
         let (bf, mf) = (
-            bias.as_ref().map(|b| b.flatten_all().unwrap()),
+            bias.as_deref().map(|b| b.flatten_all().unwrap()),
             mask.as_ref().map(|m| m.flatten_all().unwrap()),
         );
         let inputs = Inputs {
@@ -95,8 +105,8 @@ fn grads(bc: &BackCase, fused: bool) -> RefGrads {
         dq: get(&q),
         dk: get(&k),
         dv: get(&v),
-        dbias: None,
-        dsinks: None,
+        dbias: bias.as_ref().map(get),
+        dsinks: sinks.as_ref().filter(|_| fused).map(get),
     }
 }
 
@@ -139,14 +149,10 @@ fn autograd_through_attn_meets_the_backward_bound() {
         let want = gradients(&bc.case.problem, bc.case.inputs(), &bc.d_out);
         let fwd = forward_errors(&bc.case);
         let b = bound::bounds_given(&bc.case, &want, &bc.out, &bc.d_out, Some(&fwd));
-        let no_extras = |g: &RefGrads| RefGrads {
-            dbias: None,
-            dsinks: None,
-            ..g.clone()
-        };
         let got = grads(&bc, true);
-        compare(&got, &no_extras(&want), &no_extras(&b))
-            .unwrap_or_else(|e| panic!("{}: {e}", bc.case.describe()));
+        assert_eq!(got.dbias.is_some(), want.dbias.is_some());
+        assert_eq!(got.dsinks.is_some(), want.dsinks.is_some());
+        compare(&got, &want, &b).unwrap_or_else(|e| panic!("{}: {e}", bc.case.describe()));
     }
 }
 
@@ -165,10 +171,65 @@ fn autograd_agrees_with_candles_plain_composition() {
             dq: twice(&b.dq),
             dk: twice(&b.dk),
             dv: twice(&b.dv),
-            dbias: None,
+            dbias: b.dbias.as_deref().map(twice),
             dsinks: None,
         };
-        compare(&grads(&bc, true), &grads(&bc, false), &b2)
+        // (The plain composition takes the sinks as constants.)
+        let fused = RefGrads {
+            dsinks: None,
+            ..grads(&bc, true)
+        };
+        compare(&fused, &grads(&bc, false), &b2)
             .unwrap_or_else(|e| panic!("{}: {e}", bc.case.describe()));
     }
+}
+
+/// A bias that learns while Q, K and V are constants still gets its
+/// gradient (the forward keeps its log-sum-exp for it), the same as when
+/// everything learns; sinks given both ways are refused.
+#[test]
+fn a_learned_bias_alone_gets_its_gradient() {
+    let bc = BackCase::build(cases().swap_remove(1));
+    let p = &bc.case.problem;
+    let s = p.shape;
+    let c = |h: &HostData, d: &[usize]| tensor(h, d);
+    let q = c(&bc.case.q, &[s.batch, s.q_len, s.q_heads, s.head_dim_qk]);
+    let k = c(&bc.case.k, &[s.batch, s.kv_len, s.kv_heads, s.head_dim_qk]);
+    let v = c(&bc.case.v, &[s.batch, s.kv_len, s.kv_heads, s.head_dim_v]);
+    let bias = Var::from_tensor(&c(
+        bc.case.bias.as_ref().unwrap(),
+        &p.bias.unwrap().view.dims,
+    ))
+    .unwrap();
+    let mask = bc
+        .case
+        .mask
+        .as_ref()
+        .map(|m| c(m, &p.mask.unwrap().dims).to_dtype(CDType::U8).unwrap());
+    let extras = Extras {
+        bias: Some(&bias),
+        mask: mask.as_ref(),
+        sinks: None,
+    };
+    let out = attention_ext(&q, &k, &v, extras, &p.options).unwrap().0;
+    let d_out = tensor(&bc.d_out, &[bc.d_out.len()]);
+    let loss = (out.flatten_all().unwrap() * d_out)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let g = loss.backward().unwrap();
+    let alone = flat(g.get(bias.as_tensor()).expect("a bias gradient"));
+    let mut all = grads(&bc, true);
+    // grads() passes the sinks as a tensor; here they are options: the
+    // bias gradient is the same computation either way.
+    assert_eq!(Some(alone), all.dbias.take());
+    let sinks = Tensor::zeros(s.q_heads, CDType::F32, &Device::Cpu).unwrap();
+    let extras = Extras {
+        sinks: Some(&sinks),
+        ..extras
+    };
+    let e = attention_ext(&q, &k, &v, extras, &p.options)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sinks given twice"), "{e}");
 }
