@@ -34,17 +34,19 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
 
     /// Folds the score tile `st` (`n x NV*16`) into the state, replaces it by
     /// the probabilities `2^(s - m')`, and returns the rescale factors
-    /// `alpha` for the running output.
+    /// `alpha` for the running output. `top`, when given, holds each row's
+    /// largest score in the tile (`NV*16` floats, as the score kernels
+    /// folded them): the tile is not read for it again.
     #[allow(clippy::needless_range_loop)] // `v` indexes alpha and the tile
     #[inline(always)]
-    pub fn update(&mut self, st: &mut [f32], n: usize) -> [V; NV] {
+    pub fn update(&mut self, st: &mut [f32], n: usize, top: Option<&[f32]>) -> [V; NV] {
         let w = NV * LANES;
         assert!(st.len() >= n * w);
         let mut alpha = [V::ONE; NV];
         for v in 0..NV {
             let col = |j: usize| j * w + v * LANES;
             let shift;
-            (shift, alpha[v]) = self.new_max(st, n, v);
+            (shift, alpha[v]) = self.max_of(st, n, top, v);
             let mut sum = V::ZERO;
             for j in 0..n {
                 let p = st.as_mut_ptr();
@@ -63,13 +65,16 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     /// of keys instead of storing them: `emit(i, v, p_2i, p_2i+1)` for each
     /// pair `i < ceil(n/2)` and vector `v` of rows (the partner of an odd
     /// last key is 0), for the bf16 pair layout of `dot16/`. The sum runs
-    /// over the unrounded probabilities.
+    /// over the unrounded probabilities. `top`, when given, holds each
+    /// row's largest score in the tile (`NV * 16` floats, as the score
+    /// kernel folded them): the tile is not read for it again.
     #[allow(clippy::needless_range_loop)] // `v` indexes alpha and the tile
     #[inline(always)]
     pub fn update_pairs(
         &mut self,
         st: &[f32],
         n: usize,
+        top: Option<&[f32]>,
         mut emit: impl FnMut(usize, usize, V, V),
     ) -> [V; NV] {
         let w = NV * LANES;
@@ -78,7 +83,7 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
         for v in 0..NV {
             let col = |j: usize| j * w + v * LANES;
             let shift;
-            (shift, alpha[v]) = self.new_max(st, n, v);
+            (shift, alpha[v]) = self.max_of(st, n, top, v);
             let mut sum = V::ZERO;
             for i in 0..n / 2 {
                 // SAFETY: 2i + 1 < n and the assert above: 16 floats at each.
@@ -115,6 +120,27 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
             // SAFETY: j < n and v < NV (asserted): 16 floats in st.
             mx = mx.fast_max(unsafe { load::<V>(st.as_ptr().add(j * w + v * LANES)) });
         }
+        self.shift_to(mx, v)
+    }
+
+    /// [`OnlineSoftmax::new_max`] from the tile's maxima `top` when given.
+    #[inline(always)]
+    fn max_of(&mut self, st: &[f32], n: usize, top: Option<&[f32]>, v: usize) -> (V, V) {
+        match top {
+            Some(t) => {
+                assert!(t.len() >= NV * LANES && v < NV);
+                // SAFETY: 16 floats at v * 16 (asserted).
+                let t = unsafe { load::<V>(t.as_ptr().add(v * LANES)) };
+                self.shift_to(self.m[v].fast_max(t), v)
+            }
+            None => self.new_max(st, n, v),
+        }
+    }
+
+    /// Makes `mx` vector `v`'s running maximum; returns the shift and
+    /// rescale factor as [`OnlineSoftmax::new_max`].
+    #[inline(always)]
+    fn shift_to(&mut self, mx: V, v: usize) -> (V, V) {
         let shift = mx.replace_where_eq(mx, f32::NEG_INFINITY, 0.0);
         let alpha = exp2(self.m[v] - shift);
         self.m[v] = mx;
@@ -191,8 +217,28 @@ mod tests {
         let mut a = OnlineSoftmax::<V, 4>::new();
         let mut t1 = st[..ROWS].to_vec();
         let mut t2 = st[ROWS..].to_vec();
-        a.update(&mut t1, 1);
-        a.update(&mut t2, 2);
+        a.update(&mut t1, 1, None);
+        a.update(&mut t2, 2, None);
+        // The same tiles with their maxima given (as the score kernels
+        // fold them) give the same state and probabilities, bit for bit.
+        let mut b = OnlineSoftmax::<V, 4>::new();
+        let (mut u1, mut u2) = (st[..ROWS].to_vec(), st[ROWS..].to_vec());
+        let top = |t: &[f32], n: usize| -> Vec<f32> {
+            (0..ROWS)
+                .map(|r| {
+                    (0..n)
+                        .map(|j| t[j * ROWS + r])
+                        .fold(f32::NEG_INFINITY, f32::max)
+                })
+                .collect()
+        };
+        let (m1, m2) = (top(&u1, 1), top(&u2, 2));
+        b.update(&mut u1, 1, Some(&m1));
+        b.update(&mut u2, 2, Some(&m2));
+        assert!(t1 == u1 && t2 == u2);
+        for r in 0..ROWS {
+            assert_eq!(a.finish(r, None), b.finish(r, None));
+        }
         for r in 0..ROWS {
             let (_, lse) = a.finish(r, None);
             let want: f64 = (0..3)
@@ -212,7 +258,7 @@ mod tests {
     fn masked_rows<V: Vector>() {
         let mut s = OnlineSoftmax::<V, 4>::new();
         let mut st = vec![f32::NEG_INFINITY; 2 * ROWS];
-        let alpha = s.update(&mut st, 2);
+        let alpha = s.update(&mut st, 2, None);
         assert!(st.iter().all(|&p| p == 0.0));
         assert!(alpha.iter().all(|a| a.to_array().iter().all(|&x| x == 0.0)));
         assert_eq!(s.finish(0, None), (0.0, f32::NEG_INFINITY));

@@ -23,7 +23,7 @@
 //! the vectors of rows that see each part of the tile (`parts.rs`).
 
 use crate::bias::{add_bias_block, apply_mask_block};
-use crate::blocking::{share, KEYS, LANES, PREFETCH_SPAN_BYTES};
+use crate::blocking::{share, KEYS, LANES, PREFETCH_SPAN_BYTES, ROWS};
 use crate::element::CpuElement;
 use crate::exp::tanh;
 use crate::microkernel::{keys_per_call, pv_vecs, scores_vecs};
@@ -335,6 +335,9 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
         st[..n * w].fill(f32::NAN);
     }
     let mut packed = if ready { n } else { 0 };
+    // Each row's largest score in the tile, folded in by the score
+    // kernels (used when no mask or option changes the scores after them).
+    let mut top = [f32::NEG_INFINITY; ROWS];
     for (keys, vecs) in parts.iter() {
         assert!(keys.end <= n && vecs.end <= NV);
         let nv = vecs.len();
@@ -360,11 +363,13 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
             let at = vecs.start * LANES;
             let (kp, qp) = (k[j * ks..].as_ptr(), qt[at..].as_ptr());
             let sp = st[j * w + at..].as_mut_ptr();
+            let tp = top[at..].as_mut_ptr();
             // SAFETY: `k` holds n rows of dk floats, ks apart; qt is dk x w;
             // st has n x w floats (asserted above), j + m <= keys.end <= n
             // (asserted per part), used on vectors `vecs` of the panel and
-            // tile (vecs.end <= NV, asserted), m <= keys_per_call(nv).
-            unsafe { scores_vecs::<V>(nv, m, kp, ks, qp, w, dk, sp) };
+            // tile (vecs.end <= NV, asserted), m <= keys_per_call(nv); top
+            // holds ROWS >= NV * 16 floats.
+            unsafe { scores_vecs::<V>(nv, m, kp, ks, qp, w, dk, sp, tp) };
             j += m;
         }
     }
@@ -381,7 +386,7 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
     if masked {
         transform(ctx, item, st, (j0, n), rows);
     }
-    let alpha = sm.update(st, n);
+    let alpha = sm.update(st, n, (!masked).then_some(&top[..]));
     assert!(v.len() >= (n - 1) * vs + dv && ot.len() >= dv * w);
     if parts.is_whole(n, NV) {
         let mut c = 0;

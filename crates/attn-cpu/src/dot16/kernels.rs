@@ -53,13 +53,16 @@ unsafe fn splat_pair(p: *const u32) -> __m512bh {
 /// `S^T[j][r] = c * sum_e K[j][e] Q[r][e]` for `M` keys and `NV * 16` rows.
 /// `k` points at key 0's bf16 (`d2` words, keys `k_stride` bf16 apart),
 /// `qp` at the rows' columns of the pair panel (`d2` rows of words, `ld`
-/// apart), `s` at `M` rows of `NV * 16` floats, `ld` apart. (`_V` fills
-/// `dispatch_m!`'s vector slot.)
+/// apart), `s` at `M` rows of `NV * 16` floats, `ld` apart. Each row's
+/// largest score of the `M` is folded into `mx[r]` (`NV * 16` running
+/// maxima), while the scores are in registers. (`_V` fills `dispatch_m!`'s
+/// vector slot.)
 ///
 /// # Safety
 /// `k + j * k_stride + e` readable for `j < M`, `e < 2 * d2`;
 /// `qp + e * ld + c` readable and `s + j * ld + c` writable for `e < d2`,
-/// `j < M`, `c < NV * 16`; the CPU runs AVX-512 F and BF16.
+/// `j < M`, `c < NV * 16`; `mx + c` readable and writable for `c < NV *
+/// 16`; the CPU runs AVX-512 F and BF16.
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::extra_unused_type_parameters)]
 unsafe fn scores<_V, const M: usize, const NV: usize>(
@@ -70,6 +73,7 @@ unsafe fn scores<_V, const M: usize, const NV: usize>(
     d2: usize,
     c: f32,
     s: *mut f32,
+    mx: *mut f32,
 ) {
     // SAFETY: every access is within the extents of the contract above.
     unsafe {
@@ -87,10 +91,19 @@ unsafe fn scores<_V, const M: usize, const NV: usize>(
             }
         }
         let cv = _mm512_set1_ps(c);
+        let mut top = [_mm512_setzero_ps(); NV];
+        for v in 0..NV {
+            top[v] = _mm512_loadu_ps(mx.add(v * 16));
+        }
         for m in 0..M {
             for v in 0..NV {
-                _mm512_storeu_ps(s.add(m * ld + v * 16), _mm512_mul_ps(acc[m][v], cv));
+                let x = _mm512_mul_ps(acc[m][v], cv);
+                top[v] = _mm512_max_ps(top[v], x);
+                _mm512_storeu_ps(s.add(m * ld + v * 16), x);
             }
+        }
+        for v in 0..NV {
+            _mm512_storeu_ps(mx.add(v * 16), top[v]);
         }
     }
 }
@@ -167,15 +180,16 @@ pub unsafe fn scores_part(
     d2: usize,
     c: f32,
     s: *mut f32,
+    mx: *mut f32,
 ) {
     assert!((1..=4).contains(&nv) && (1..=mr(nv)).contains(&m));
     // SAFETY: forwarded from the caller.
     unsafe {
         match nv {
-            1 => dispatch_m!(V16, 1, 12, m, scores(k, k_stride, qp, ld, d2, c, s)),
-            2 => dispatch_m!(V16, 2, 12, m, scores(k, k_stride, qp, ld, d2, c, s)),
-            3 => dispatch_m!(V16, 3, 8, m, scores(k, k_stride, qp, ld, d2, c, s)),
-            _ => dispatch_m!(V16, 4, 6, m, scores(k, k_stride, qp, ld, d2, c, s)),
+            1 => dispatch_m!(V16, 1, 12, m, scores(k, k_stride, qp, ld, d2, c, s, mx)),
+            2 => dispatch_m!(V16, 2, 12, m, scores(k, k_stride, qp, ld, d2, c, s, mx)),
+            3 => dispatch_m!(V16, 3, 8, m, scores(k, k_stride, qp, ld, d2, c, s, mx)),
+            _ => dispatch_m!(V16, 4, 6, m, scores(k, k_stride, qp, ld, d2, c, s, mx)),
         }
     }
 }
@@ -661,6 +675,10 @@ mod tests {
                     .map(|i| word(b(val(3 * i + 1)), b(val(3 * i + 2))))
                     .collect();
                 let mut s = vec![f32::NAN; m * ld];
+                // Running maxima: -inf, or above every score in odd rows.
+                let mut mx: Vec<f32> = (0..nv * 16)
+                    .map(|r| if r % 2 == 0 { f32::NEG_INFINITY } else { 1e3 })
+                    .collect();
                 // SAFETY: extents as the contract states, allocated above;
                 // the CPU runs the level (checked).
                 unsafe {
@@ -674,8 +692,16 @@ mod tests {
                         d2,
                         c,
                         s.as_mut_ptr(),
+                        mx.as_mut_ptr(),
                     )
                 };
+                for r in 0..nv * 16 {
+                    let top = (0..m)
+                        .map(|j| s[j * ld + r])
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    let want = if r % 2 == 0 { top } else { 1e3 };
+                    assert_eq!(mx[r], want, "max nv={nv} m={m} r={r}");
+                }
                 for j in 0..m {
                     for r in 0..nv * 16 {
                         let (mut want, mut mag) = (0.0, 0.0);

@@ -435,6 +435,10 @@ mod pass {
                     st[..n * w].fill(f32::NAN);
                 }
                 let qp = qt[i * dk * w..].as_ptr().cast::<u32>();
+                // Each row's largest score in the tile, folded in by the
+                // score kernels (used when no mask or option changes the
+                // scores after them).
+                let mut top = [f32::NEG_INFINITY; 4 * LANES];
                 for (keys, vecs) in parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
                     assert!(keys.end <= n && vecs.end <= NV);
                     let nv = vecs.len();
@@ -458,8 +462,8 @@ mod pass {
                         // the panel is d2 x w words; st holds n x w floats
                         // (asserted above); j + m <= keys.end <= n and
                         // vecs.end <= NV (asserted per part), m <= mr(nv);
-                        // the CPU runs the bf16 level (this function's
-                        // contract).
+                        // top holds 4 * 16 >= NV * 16 floats; the CPU runs
+                        // the bf16 level (this function's contract).
                         unsafe {
                             scores_part(
                                 nv,
@@ -471,6 +475,7 @@ mod pass {
                                 d2,
                                 c,
                                 st[j * w + at..].as_mut_ptr(),
+                                top[at..].as_mut_ptr(),
                             )
                         };
                         j += m;
@@ -486,7 +491,8 @@ mod pass {
                 }
                 assert!(pt2.len() >= n2 * w);
                 let pp = pt2.as_mut_ptr();
-                let alpha = sms[i].update_pairs(st, n, |jp, r, e0, e1| {
+                let top = (!masked).then_some(&top[..]);
+                let alpha = sms[i].update_pairs(st, n, top, |jp, r, e0, e1| {
                     assert!(jp < n2 && r < NV);
                     // SAFETY: jp < n2 and r < NV (asserted): 16 words at
                     // row jp, vector r of the pair tile (n2 x w words).

@@ -176,12 +176,13 @@ macro_rules! kernel_entries {
                 ld: usize,
                 d: usize,
                 s: *mut f32,
+                mx: *mut f32,
             ) {
                 assert!((1..=<$v>::KERNEL_VECS).contains(&nv) && (1..=<$v>::mr(nv)).contains(&m));
                 // SAFETY: forwarded from the caller.
                 unsafe {
                     match nv {
-                        $($nv => dispatch_m!($v, $nv, $mr, m, scores(k, k_stride, qt, ld, d, s)),)+
+                        $($nv => dispatch_m!($v, $nv, $mr, m, scores(k, k_stride, qt, ld, d, s, mx)),)+
                         _ => unreachable!("nv = {nv} is checked above"),
                     }
                 }
@@ -285,9 +286,10 @@ macro_rules! kernel_entries {
                 ld: usize,
                 d: usize,
                 s: *mut f32,
+                mx: *mut f32,
             ) {
                 // SAFETY: forwarded from the caller; the CPU runs this level.
-                unsafe { kernels::scores_part(nv, m, k, k_stride, qt, ld, d, s) }
+                unsafe { kernels::scores_part(nv, m, k, k_stride, qt, ld, d, s, mx) }
             }
             #[inline(always)]
             unsafe fn pv_part(
@@ -332,6 +334,7 @@ pub unsafe fn scores_vecs<V: Vector>(
     ld: usize,
     d: usize,
     s: *mut f32,
+    mx: *mut f32,
 ) {
     let mut v0 = 0;
     while v0 < nv {
@@ -348,6 +351,7 @@ pub unsafe fn scores_vecs<V: Vector>(
                 ld,
                 d,
                 s.add(v0 * LANES),
+                mx.add(v0 * LANES),
             )
         };
         v0 += c;
@@ -411,9 +415,10 @@ mod tests {
     /// than them (rows `ld` apart, the kernel's columns starting at vector
     /// 1), against scalar dot products; the panel's other columns must be
     /// left alone.
+    #[allow(clippy::type_complexity)]
     fn check_scores<V: Vector>(
         nv: usize,
-        call: impl Fn(usize, &[f32], usize, *const f32, usize, usize, *mut f32),
+        call: impl Fn(usize, &[f32], usize, *const f32, usize, usize, *mut f32, *mut f32),
     ) {
         let rows = nv * LANES;
         let ld = rows + LANES;
@@ -423,6 +428,10 @@ mod tests {
             let qt = fill(d * ld, 2);
             for m in 1..=keys_per_call::<V>(nv) {
                 let mut s = vec![f32::NAN; m * ld];
+                // Running maxima: -inf, or above every score in odd rows.
+                let mut mx: Vec<f32> = (0..rows)
+                    .map(|r| if r % 2 == 0 { f32::NEG_INFINITY } else { 1e9 })
+                    .collect();
                 call(
                     m,
                     &k,
@@ -431,7 +440,15 @@ mod tests {
                     ld,
                     d,
                     s[LANES..].as_mut_ptr(),
+                    mx.as_mut_ptr(),
                 );
+                for (r, &got) in mx.iter().enumerate() {
+                    let top = (0..m)
+                        .map(|j| s[j * ld + LANES + r])
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    let want = if r % 2 == 0 { top } else { 1e9 };
+                    assert_eq!(got, want, "max nv={nv} d={d} m={m} r={r}");
+                }
                 for j in 0..m {
                     assert!(s[j * ld..j * ld + LANES].iter().all(|x| x.is_nan()));
                     for r in 0..rows {
@@ -456,8 +473,8 @@ mod tests {
             // SAFETY: check_scores passes keys_per_call(nv) keys of `ks >=
             // d` floats, a d x ld panel and m rows of ld floats, nv vectors
             // from qt/s.
-            check_scores::<V>(nv, |m, k, ks, qt, ld, d, s| unsafe {
-                scores_vecs::<V>(nv, m, k.as_ptr(), ks, qt, ld, d, s)
+            check_scores::<V>(nv, |m, k, ks, qt, ld, d, s, mx| unsafe {
+                scores_vecs::<V>(nv, m, k.as_ptr(), ks, qt, ld, d, s, mx)
             });
         }
     }

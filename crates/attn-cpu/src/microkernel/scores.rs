@@ -10,12 +10,14 @@ use crate::simd::{load, store, Vector};
 /// `d` contiguous floats; `qt` points at `NV*16` columns of the packed
 /// query panel, whose rows are `ld` floats apart (`ld >= NV*16`: a kernel
 /// may work on some of the panel's vectors); `s` receives `M` rows of
-/// `NV*16` floats, `ld` apart.
+/// `NV*16` floats, `ld` apart. Each row's largest score of the `M` is
+/// folded into `mx[r]` (`NV*16` running maxima) while the scores are in
+/// registers, so the softmax need not read the tile again for it.
 ///
 /// # Safety
 /// `k + j*k_stride + e` is readable for `j < M`, `e < d`; `qt + e*ld + c`
 /// is readable and `s + j*ld + c` writable for `e < d`, `j < M`,
-/// `c < NV*16`.
+/// `c < NV*16`; `mx + c` readable and writable for `c < NV*16`.
 #[inline(always)]
 pub unsafe fn scores<V: Vector, const M: usize, const NV: usize>(
     k: *const f32,
@@ -24,6 +26,7 @@ pub unsafe fn scores<V: Vector, const M: usize, const NV: usize>(
     ld: usize,
     d: usize,
     s: *mut f32,
+    mx: *mut f32,
 ) {
     let mut acc = [[V::ZERO; NV]; M];
     for e in 0..d {
@@ -40,10 +43,20 @@ pub unsafe fn scores<V: Vector, const M: usize, const NV: usize>(
             }
         }
     }
+    let mut top = [V::ZERO; NV];
+    for (v, t) in top.iter_mut().enumerate() {
+        // SAFETY: NV*16 floats at mx.
+        *t = unsafe { load::<V>(mx.add(v * LANES)) };
+    }
     for (m, row) in acc.iter().enumerate() {
         for (v, &a) in row.iter().enumerate() {
+            top[v] = top[v].fast_max(a);
             // SAFETY: m < M rows of NV*16 floats, ld apart, fit in s.
             unsafe { store(s.add(m * ld + v * LANES), a) };
         }
+    }
+    for (v, &t) in top.iter().enumerate() {
+        // SAFETY: as above.
+        unsafe { store(mx.add(v * LANES), t) };
     }
 }

@@ -227,7 +227,8 @@ pub trait Kernels: Sized {
     );
 
     /// The level's compiled score microkernel (`microkernel::scores`) on
-    /// `nv <= KERNEL_VECS` vectors and `m <= mr(nv)` keys.
+    /// `nv <= KERNEL_VECS` vectors and `m <= mr(nv)` keys, folding each
+    /// row's largest score into `mx`.
     ///
     /// # Safety
     /// As `microkernel::scores` with `M = m`, `NV = nv`.
@@ -241,6 +242,7 @@ pub trait Kernels: Sized {
         ld: usize,
         d: usize,
         s: *mut f32,
+        mx: *mut f32,
     );
     /// The level's compiled value microkernel (`microkernel::pv`) on `nv <=
     /// KERNEL_VECS` vectors and `m <= mr(nv)` value columns; `alpha` holds
