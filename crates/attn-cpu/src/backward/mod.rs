@@ -169,6 +169,38 @@ fn cuts(work: &[u64], chunks: usize) -> Vec<usize> {
     cuts
 }
 
+/// The partial dQ rows, kept between calls (up to [`PARTS_KEEP`] floats):
+/// a fresh buffer each call cost a memset, page faults and, freed after
+/// two threads touched it, TLB shootdowns, about a tenth of a 5 ms
+/// backward pass on two threads. Each task zeroes its own rows
+/// ([`Outs::clear_parts`]). A second call running meanwhile allocates
+/// its own.
+static PARTS: std::sync::Mutex<Vec<f32>> = std::sync::Mutex::new(Vec::new());
+
+/// Most floats [`PARTS`] keeps (64 MiB).
+const PARTS_KEEP: usize = 16 << 20;
+
+/// A buffer of `n` floats for the partial dQ rows (contents unspecified).
+fn parts_buffer(n: usize) -> Vec<f32> {
+    let mut v = PARTS
+        .try_lock()
+        .map(|mut g| std::mem::take(&mut *g))
+        .unwrap_or_default();
+    v.resize(n, 0.0);
+    v
+}
+
+/// Keeps `v` for the next call when it is small enough.
+fn keep_parts(v: Vec<f32>) {
+    if v.len() <= PARTS_KEEP {
+        if let Ok(mut g) = PARTS.try_lock() {
+            if g.len() < v.len() {
+                *g = v;
+            }
+        }
+    }
+}
+
 /// Where tasks write: dK and dV (each key row by the one task of its
 /// block), the partial dQ rows (each task its own), the bias gradient or
 /// its per-unit scratch (each task its unit's rows of its keys).
@@ -217,6 +249,19 @@ impl<T: CpuElement> Outs<T> {
             // unit's rows at its keys.
             unsafe { *self.dbias.add(at + e) += x };
         }
+    }
+
+    /// Zeroes `task`'s partial dQ rows (every head of its group), which its
+    /// products then add into.
+    pub fn clear_parts(&self, task: &Task) {
+        let (chunks, per_head, dqkp, group) = self.layout;
+        let unit = task.b * (self.sizes.0 / group) + task.kvh;
+        let n = group * per_head * dqkp;
+        let at = (unit * chunks + task.chunk) * n;
+        assert!(at + n <= self.parts_len);
+        // SAFETY: in bounds (asserted); only this task writes its partial
+        // rows.
+        unsafe { std::slice::from_raw_parts_mut(self.parts.add(at), n).fill(0.0) };
     }
 
     /// The partial dQ rows `i0..i0 + rows` of head `hh` of `task`'s group.
@@ -381,7 +426,7 @@ fn backward_typed<T: CpuElement>(
     let group = s.group();
     let dqkp = round_up(s.head_dim_qk, LANES);
     let units = s.batch * s.kv_heads;
-    let mut parts = vec![0.0f32; units * plan.chunks * group * plan.rows * dqkp];
+    let mut parts = parts_buffer(units * plan.chunks * group * plan.rows * dqkp);
     // The bias gradient: straight into dbias when it has a slice per batch
     // entry and head, else into a scratch per (batch, head or K/V head).
     let bias_dims = p.bias.map(|b| b.view.dims);
@@ -468,6 +513,7 @@ fn backward_typed<T: CpuElement>(
     } else {
         (0..s.batch * s.q_heads).for_each(reduce);
     }
+    keep_parts(parts);
     if let (Some(db), false) = (dbias_slice, direct) {
         reduce_dbias(p, &scratch, dbias_heads, db);
     }

@@ -141,6 +141,7 @@ pub fn run<V: Vector, T: CpuElement>(
     task: &Task,
     ws: &mut Scratch,
 ) {
+    outs.clear_parts(task);
     let p = ctx.p;
     let s = p.shape;
     let o = &p.options;
