@@ -43,6 +43,12 @@
 //! 2^14`. Rounding `P` and `dS` to bf16 is what the contract allows a
 //! 16-bit kernel (SEMANTICS §7b) and the bound's `u_in` terms cover.
 
+use super::task::{round_up, Scratch};
+use super::{Outs, Task};
+use crate::blocking::{BWD_KEYS, BWD_ROWS, LANES};
+use crate::dot16::{pack_words, BACKWARD};
+use crate::element::CpuElement;
+
 /// `P` is scaled by `2^P_EXP` before it is rounded to bf16.
 pub const P_EXP: i32 = 56;
 
@@ -73,6 +79,223 @@ pub fn add_scaled(dst: &mut [f32], src: &[f32], f: f32, n: usize) {
     for (d, &s) in dst[..n].iter_mut().zip(&src[..n]) {
         *d += s * f;
     }
+}
+
+/// Packs the task's Q and dO panels (`ws.qp`, `ws.dop`: `group * ql`
+/// rows, then `BWD_ROWS` spare ones) as pairs along the head dimension
+/// (`q2`, `do2`: for `S` and `dP`) and as pairs of rows (`q2r`, `do2r`:
+/// for `dK` and `dV`; head `hh`'s pairs at `hh * ceil(ql / 2)`, a last odd
+/// row paired with 0), and sizes the tile buffers. Returns whether every
+/// element of the task's rows is 0 or in [`BACKWARD`]; if not, the task
+/// runs its products in f32.
+#[inline(always)]
+pub fn pack_task(ws: &mut Scratch, (group, ql): (usize, usize), (dqk, dv): (usize, usize)) -> bool {
+    let (dqkp, dvp) = (round_up(dqk, LANES), round_up(dv, LANES));
+    let (rows, real) = (group * ql + BWD_ROWS, group * ql);
+    let mut fit = true;
+    for (src, dst, w, d) in [
+        (&ws.qp, &mut ws.q2, dqkp, dqk),
+        (&ws.dop, &mut ws.do2, dvp, dv),
+    ] {
+        dst.resize(rows * w / 2, 0);
+        for (r, (dst, src)) in dst
+            .chunks_mut(w / 2)
+            .zip(src.chunks(w))
+            .take(rows)
+            .enumerate()
+        {
+            // Elements 0..d of the row; an odd d's last pair ends in 0.
+            let ok = pack_words(&src[..d], None, &mut dst[..d.div_ceil(2)], BACKWARD);
+            fit &= ok || r >= real;
+        }
+    }
+    if !fit {
+        return false;
+    }
+    // The same values as pairs of rows, whole padded rows (0 past d).
+    let hp = ql.div_ceil(2);
+    let zeros = vec![0.0f32; dqkp.max(dvp)];
+    for (src, dst, w) in [(&ws.qp, &mut ws.q2r, dqkp), (&ws.dop, &mut ws.do2r, dvp)] {
+        dst.resize(group * hp * w, 0);
+        for hh in 0..group {
+            for rp in 0..hp {
+                let at = hh * ql + 2 * rp;
+                let odd = match 2 * rp + 1 < ql {
+                    true => &src[(at + 1) * w..][..w],
+                    false => &zeros[..w],
+                };
+                let out = &mut dst[(hh * hp + rp) * w..][..w];
+                pack_words(&src[at * w..][..w], Some(odd), out, BACKWARD);
+            }
+        }
+    }
+    for (buf, len) in [
+        (&mut ws.p2, BWD_ROWS / 2 * BWD_KEYS),
+        (&mut ws.ds2r, BWD_ROWS / 2 * BWD_KEYS),
+        (&mut ws.ds2c, BWD_ROWS * BWD_KEYS / 2),
+        (&mut ws.k2r, BWD_KEYS / 2 * dqkp),
+    ] {
+        buf.resize(len, 0);
+    }
+    for (buf, len) in [
+        (&mut ws.tq, BWD_ROWS * dqkp),
+        (&mut ws.tk, BWD_KEYS * dqkp),
+        (&mut ws.tv, BWD_KEYS * dvp),
+    ] {
+        buf.resize(len, 0.0);
+    }
+    true
+}
+
+/// Packs a key block of `n` keys (`ws.kt`, `ws.vt`: K^T and V^T, and
+/// `ws.kr`: K rows, in f32, 0 past `n` up to a multiple of 16) as pairs:
+/// K^T and V^T as pairs of their rows (`kt2`, `vt2`: for `S` and `dP`), K
+/// as pairs of keys (`k2r`: for `dQ`, an odd last key paired with 0).
+/// Returns whether every element is 0 or in [`BACKWARD`]; if not, the
+/// block runs its products in f32.
+#[inline(always)]
+pub fn pack_block(ws: &mut Scratch, n: usize, (dqk, dv): (usize, usize)) -> bool {
+    let (dqkp, dvp) = (round_up(dqk, LANES), round_up(dv, LANES));
+    let ncols = round_up(n, LANES);
+    let zeros = [0.0f32; BWD_KEYS];
+    let mut fit = true;
+    for (src, dst, w, d) in [
+        (&ws.kt, &mut ws.kt2, dqkp, dqk),
+        (&ws.vt, &mut ws.vt2, dvp, dv),
+    ] {
+        dst.resize(w / 2 * BWD_KEYS, 0);
+        for d2 in 0..d.div_ceil(2) {
+            let e = &src[2 * d2 * BWD_KEYS..][..ncols];
+            let o = match 2 * d2 + 1 < d {
+                true => &src[(2 * d2 + 1) * BWD_KEYS..][..ncols],
+                false => &zeros[..ncols],
+            };
+            let out = &mut dst[d2 * BWD_KEYS..][..ncols];
+            fit &= pack_words(e, Some(o), out, BACKWARD);
+        }
+    }
+    if !fit {
+        return false;
+    }
+    let none = vec![0.0f32; dqkp];
+    for kp in 0..n.div_ceil(2) {
+        let odd = match 2 * kp + 1 < n {
+            true => &ws.kr[(2 * kp + 1) * dqkp..][..dqkp],
+            false => &none[..],
+        };
+        let out = &mut ws.k2r[kp * dqkp..][..dqkp];
+        pack_words(&ws.kr[2 * kp * dqkp..][..dqkp], Some(odd), out, BACKWARD);
+    }
+    true
+}
+
+/// Where one tile of a task sits (`task::run`): `at` = (its first pair of
+/// rows in the task's pair-of-rows panels, its first row `i0`), `rows` =
+/// (rows, rows rounded up to 12), `keys` = (keys, rounded up to 16, to
+/// 12), `dims` = the padded head dims (dqk, dv).
+#[derive(Clone, Copy, Debug)]
+pub struct Tile {
+    /// First pair of rows in the panels, first row.
+    pub at: (usize, usize),
+    /// Rows, and rows rounded up to 12.
+    pub rows: (usize, usize),
+    /// Keys, rounded up to 16, rounded up to 12.
+    pub keys: (usize, usize, usize),
+    /// Padded head dims of Q/K and of V.
+    pub dims: (usize, usize),
+}
+
+/// The tile's last three products on pairs: dV always, dK and dQ when its
+/// dS (`stats` = largest and smallest nonzero |dS| and whether every D
+/// was finite) fits a scale ([`ds_exp`]). `ws.s` holds P (0 below
+/// 2^-126) and `ws.dp` dS, `mqp` rows of `BWD_KEYS`. Returns whether dK
+/// and dQ are done (or need nothing: an all-zero dS); else the caller runs
+/// them in f32.
+#[inline(always)]
+pub fn products<T: CpuElement>(
+    ws: &mut Scratch,
+    (outs, task, hh): (&Outs<T>, &Task, usize),
+    g: Tile,
+    (max, min, finite): (f32, f32, bool),
+) -> bool {
+    let i0 = g.at.1;
+    let (mq, mqp) = g.rows;
+    let (n, ncols, nk) = g.keys;
+    let (dqkp, dvp) = g.dims;
+    let t = if finite { ds_exp(max, min) } else { None };
+    let mut ds_done = finite && max == 0.0;
+    let at2 = (g.at.0, mq.div_ceil(2));
+    assert!(
+        i0.is_multiple_of(2)
+            && nk.is_multiple_of(12)
+            && (at2.0 + at2.1) * dvp <= ws.do2r.len()
+            && (at2.0 + at2.1) * dqkp <= ws.q2r.len()
+            && at2.1 * BWD_KEYS <= ws.p2.len()
+            && mqp * BWD_KEYS / 2 <= ws.ds2c.len()
+            && n.div_ceil(2) * dqkp <= ws.k2r.len()
+            && nk * dqkp <= ws.tk.len()
+            && nk * dvp <= ws.tv.len()
+            && mqp * dqkp <= ws.tq.len()
+    );
+    // SAFETY: s and dp hold mqp rows of BWD_KEYS >= ncols floats, their P
+    // and dsc normal or 0 (P below 2^-126 was set to 0 and the rest is at
+    // most 1, times 2^56; dsc times 2^t per ds_exp); the word and float
+    // buffers hold the extents asserted (a pair row of p2, ds2r BWD_KEYS
+    // >= nk words, of ds2c BWD_KEYS / 2); nk and mqp are multiples of 12,
+    // dvp and dqkp of 16; round_tile and gemm_pairs check the CPU.
+    unsafe {
+        crate::dot16::round_tile(
+            (ws.s.as_ptr(), BWD_KEYS),
+            (mq, ncols),
+            pow2(P_EXP),
+            (ws.p2.as_mut_ptr(), BWD_KEYS),
+            false,
+        );
+        crate::dot16::gemm_pairs(
+            (nk, dvp, at2.1),
+            (ws.p2.as_ptr(), 1, BWD_KEYS),
+            (ws.do2r[at2.0 * dvp..].as_ptr(), dvp),
+            (ws.tv.as_mut_ptr(), dvp),
+        );
+        add_scaled(&mut ws.dv, &ws.tv, pow2(-P_EXP), nk * dvp);
+        if let Some(t) = t {
+            crate::dot16::round_tile(
+                (ws.dp.as_ptr(), BWD_KEYS),
+                (mq, ncols),
+                pow2(t),
+                (ws.ds2r.as_mut_ptr(), BWD_KEYS),
+                false,
+            );
+            crate::dot16::round_tile(
+                (ws.dp.as_ptr(), BWD_KEYS),
+                (mqp, ncols),
+                pow2(t),
+                (ws.ds2c.as_mut_ptr(), BWD_KEYS / 2),
+                true,
+            );
+            crate::dot16::gemm_pairs(
+                (nk, dqkp, at2.1),
+                (ws.ds2r.as_ptr(), 1, BWD_KEYS),
+                (ws.q2r[at2.0 * dqkp..].as_ptr(), dqkp),
+                (ws.tk.as_mut_ptr(), dqkp),
+            );
+            crate::dot16::gemm_pairs(
+                (mqp, dqkp, n.div_ceil(2)),
+                (ws.ds2c.as_ptr(), BWD_KEYS / 2, 1),
+                (ws.k2r.as_ptr(), dqkp),
+                (ws.tq.as_mut_ptr(), dqkp),
+            );
+            let back = pow2(-t);
+            add_scaled(&mut ws.dk, &ws.tk, back, nk * dqkp);
+            let part = outs.part_rows(task, hh, i0, mqp);
+            // SAFETY: part_rows gives mqp rows of dqkp floats that only
+            // this task writes.
+            let part = std::slice::from_raw_parts_mut(part, mqp * dqkp);
+            add_scaled(part, &ws.tq, back, mqp * dqkp);
+            ds_done = true;
+        }
+    }
+    ds_done
 }
 
 #[cfg(test)]

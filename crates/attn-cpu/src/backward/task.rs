@@ -28,43 +28,43 @@ use attn_spec::{TileClass, View};
 
 /// Buffers of one task (allocated per task: a few hundred KiB).
 pub struct Scratch {
-    kr: Vec<f32>,
-    kt: Vec<f32>,
-    vt: Vec<f32>,
-    q: Vec<f32>,
-    d_o: Vec<f32>,
-    s: Vec<f32>,
-    dp: Vec<f32>,
-    slope: Vec<f32>,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
-    add: Vec<f32>,
-    row: Vec<f32>,
+    pub(super) kr: Vec<f32>,
+    pub(super) kt: Vec<f32>,
+    pub(super) vt: Vec<f32>,
+    pub(super) q: Vec<f32>,
+    pub(super) d_o: Vec<f32>,
+    pub(super) s: Vec<f32>,
+    pub(super) dp: Vec<f32>,
+    pub(super) slope: Vec<f32>,
+    pub(super) dk: Vec<f32>,
+    pub(super) dv: Vec<f32>,
+    pub(super) add: Vec<f32>,
+    pub(super) row: Vec<f32>,
     /// The task's Q and dO rows, packed once (when they fit
     /// `BWD_PANEL_BYTES`).
-    qp: Vec<f32>,
-    dop: Vec<f32>,
+    pub(super) qp: Vec<f32>,
+    pub(super) dop: Vec<f32>,
     /// bf16 on AVX512_BF16 (`pairs.rs`): the panels as pairs along the
     /// head dimension (`q2`, `do2`) and as pairs of rows (`q2r`, `do2r`),
     /// K^T and V^T of a key block as pairs of their rows, K as pairs of
     /// keys.
-    q2: Vec<u32>,
-    do2: Vec<u32>,
-    q2r: Vec<u32>,
-    do2r: Vec<u32>,
-    kt2: Vec<u32>,
-    vt2: Vec<u32>,
-    k2r: Vec<u32>,
+    pub(super) q2: Vec<u32>,
+    pub(super) do2: Vec<u32>,
+    pub(super) q2r: Vec<u32>,
+    pub(super) do2r: Vec<u32>,
+    pub(super) kt2: Vec<u32>,
+    pub(super) vt2: Vec<u32>,
+    pub(super) k2r: Vec<u32>,
     /// A tile's P and dS as pairs of rows, dS as pairs of keys, and the
     /// three products' tile results.
-    p2: Vec<u32>,
-    ds2r: Vec<u32>,
-    ds2c: Vec<u32>,
-    tq: Vec<f32>,
-    tk: Vec<f32>,
-    tv: Vec<f32>,
+    pub(super) p2: Vec<u32>,
+    pub(super) ds2r: Vec<u32>,
+    pub(super) ds2c: Vec<u32>,
+    pub(super) tq: Vec<f32>,
+    pub(super) tk: Vec<f32>,
+    pub(super) tv: Vec<f32>,
     /// The padded head dims the tile buffers were sized for.
-    dims: (usize, usize),
+    pub(super) dims: (usize, usize),
 }
 
 /// Rows the packing loops prefetch ahead of the row they copy.
@@ -202,71 +202,11 @@ pub fn run<V: Vector, T: CpuElement>(
     // types). Rows of a head start at an even pair row: head hh's pairs of
     // rows at hh * hp.
     let hp = ql.div_ceil(2);
-    let mut pairs = ctx.dot16 && panel && !task.blocks.is_empty() && group * ql < 1 << 30;
-    if pairs {
-        let rows = group * ql + BWD_ROWS;
-        let real = group * ql;
-        for (src, dst, w, d) in [
-            (&ws.qp, &mut ws.q2, dqkp, dqk),
-            (&ws.dop, &mut ws.do2, dvp, dv),
-        ] {
-            dst.resize(rows * w / 2, 0);
-            for (r, (dst, src)) in dst
-                .chunks_mut(w / 2)
-                .zip(src.chunks(w))
-                .take(rows)
-                .enumerate()
-            {
-                // Elements 0..d of the row; an odd d's last pair ends in 0.
-                let fit = crate::dot16::pack_words(
-                    &src[..d],
-                    None,
-                    &mut dst[..d.div_ceil(2)],
-                    crate::dot16::BACKWARD,
-                );
-                pairs &= fit || r >= real;
-            }
-        }
-    }
-    let zeros = vec![0.0f32; if pairs { dqkp.max(dvp) } else { 0 }];
-    if pairs {
-        // The same values (checked above) as pairs of rows, whole padded
-        // rows (0 past d).
-        for (src, dst, w) in [(&ws.qp, &mut ws.q2r, dqkp), (&ws.dop, &mut ws.do2r, dvp)] {
-            dst.resize(group * hp * w, 0);
-            for hh in 0..group {
-                for rp in 0..hp {
-                    let at = hh * ql + 2 * rp;
-                    let odd = match 2 * rp + 1 < ql {
-                        true => &src[(at + 1) * w..][..w],
-                        false => &zeros[..w],
-                    };
-                    let out = &mut dst[(hh * hp + rp) * w..][..w];
-                    crate::dot16::pack_words(
-                        &src[at * w..][..w],
-                        Some(odd),
-                        out,
-                        crate::dot16::BACKWARD,
-                    );
-                }
-            }
-        }
-        for (buf, len) in [
-            (&mut ws.p2, BWD_ROWS / 2 * BWD_KEYS),
-            (&mut ws.ds2r, BWD_ROWS / 2 * BWD_KEYS),
-            (&mut ws.ds2c, BWD_ROWS * BWD_KEYS / 2),
-        ] {
-            buf.resize(len, 0);
-        }
-        for (buf, len) in [
-            (&mut ws.tq, BWD_ROWS * dqkp),
-            (&mut ws.tk, BWD_KEYS * dqkp),
-            (&mut ws.tv, BWD_KEYS * dvp),
-        ] {
-            buf.resize(len, 0.0);
-        }
-        ws.k2r.resize(BWD_KEYS / 2 * dqkp, 0);
-    }
+    let pairs = ctx.dot16
+        && panel
+        && !task.blocks.is_empty()
+        && group * ql < 1 << 30
+        && pairs::pack_task(ws, (group, ql), (dqk, dv));
     let blocks = task.blocks.clone();
     for blk in blocks {
         let j0 = blk * BWD_KEYS;
@@ -304,46 +244,9 @@ pub fn run<V: Vector, T: CpuElement>(
                 ws.vt[d * BWD_KEYS + r] = 0.0;
             }
         }
-        // K^T and V^T as pairs of their rows (pairs of head dims), when
-        // the block's keys and values fit too.
-        let mut block_pairs = pairs;
-        if pairs {
-            for (src, dst, w, d) in [
-                (&ws.kt, &mut ws.kt2, dqkp, dqk),
-                (&ws.vt, &mut ws.vt2, dvp, dv),
-            ] {
-                dst.resize(w / 2 * BWD_KEYS, 0);
-                let zeros = [0.0f32; BWD_KEYS];
-                for d2 in 0..d.div_ceil(2) {
-                    let e = &src[2 * d2 * BWD_KEYS..][..ncols];
-                    let o = match 2 * d2 + 1 < d {
-                        true => &src[(2 * d2 + 1) * BWD_KEYS..][..ncols],
-                        false => &zeros[..ncols],
-                    };
-                    let out = &mut dst[d2 * BWD_KEYS..][..ncols];
-                    block_pairs &=
-                        crate::dot16::pack_words(e, Some(o), out, crate::dot16::BACKWARD);
-                }
-            }
-        }
-        if block_pairs {
-            // K as pairs of keys (the values checked above): rows
-            // 0..ceil(n / 2) of dqkp words, the last pair of an odd n
-            // ending in 0.
-            for kp in 0..n.div_ceil(2) {
-                let odd = match 2 * kp + 1 < n {
-                    true => &ws.kr[(2 * kp + 1) * dqkp..][..dqkp],
-                    false => &zeros[..dqkp],
-                };
-                let out = &mut ws.k2r[kp * dqkp..][..dqkp];
-                crate::dot16::pack_words(
-                    &ws.kr[2 * kp * dqkp..][..dqkp],
-                    Some(odd),
-                    out,
-                    crate::dot16::BACKWARD,
-                );
-            }
-        }
+        // K^T, V^T and K as pairs, when the block's keys and values fit
+        // too.
+        let block_pairs = pairs && pairs::pack_block(ws, n, (dqk, dv));
         let nk = round_up(n, mr);
         ws.dk[..nk * dqkp].iter_mut().for_each(|x| *x = 0.0);
         ws.dv[..nk * dvp].iter_mut().for_each(|x| *x = 0.0);
@@ -469,85 +372,13 @@ pub fn run<V: Vector, T: CpuElement>(
                 // dK, dQ when the tile's dS fits a scale; else in f32.
                 let mut ds_done = false;
                 if block_pairs {
-                    let t = if finite {
-                        pairs::ds_exp(max, min)
-                    } else {
-                        None
+                    let g = pairs::Tile {
+                        at: (hh * hp + i0 / 2, i0),
+                        rows: (mq, mqp),
+                        keys: (n, ncols, nk),
+                        dims: (dqkp, dvp),
                     };
-                    ds_done = finite && max == 0.0;
-                    let at2 = (hh * hp + i0 / 2, mq.div_ceil(2));
-                    assert!(
-                        i0.is_multiple_of(2)
-                            && nk.is_multiple_of(12)
-                            && (at2.0 + at2.1) * dvp <= ws.do2r.len()
-                            && (at2.0 + at2.1) * dqkp <= ws.q2r.len()
-                            && at2.1 * BWD_KEYS <= ws.p2.len()
-                            && mqp * BWD_KEYS / 2 <= ws.ds2c.len()
-                            && n.div_ceil(2) * dqkp <= ws.k2r.len()
-                            && nk * dqkp <= ws.tk.len()
-                            && nk * dvp <= ws.tv.len()
-                            && mqp * dqkp <= ws.tq.len()
-                    );
-                    // SAFETY: s and dp hold mqp rows of BWD_KEYS >= ncols
-                    // floats, their P and dsc normal or 0 (P below 2^-126
-                    // was set to 0 and the rest is at most 1, times 2^56;
-                    // dsc times 2^t per ds_exp); the word and float buffers
-                    // hold the extents asserted (a pair row of p2, ds2r
-                    // BWD_KEYS >= nk words, of ds2c BWD_KEYS / 2); nk and
-                    // mqp are multiples of 12, dvp and dqkp of 16; the level
-                    // is avx512bf16 (block_pairs).
-                    unsafe {
-                        crate::dot16::round_tile(
-                            (ws.s.as_ptr(), BWD_KEYS),
-                            (mq, ncols),
-                            pairs::pow2(pairs::P_EXP),
-                            (ws.p2.as_mut_ptr(), BWD_KEYS),
-                            false,
-                        );
-                        crate::dot16::gemm_pairs(
-                            (nk, dvp, at2.1),
-                            (ws.p2.as_ptr(), 1, BWD_KEYS),
-                            (ws.do2r[at2.0 * dvp..].as_ptr(), dvp),
-                            (ws.tv.as_mut_ptr(), dvp),
-                        );
-                        pairs::add_scaled(&mut ws.dv, &ws.tv, pairs::pow2(-pairs::P_EXP), nk * dvp);
-                        if let Some(t) = t {
-                            crate::dot16::round_tile(
-                                (ws.dp.as_ptr(), BWD_KEYS),
-                                (mq, ncols),
-                                pairs::pow2(t),
-                                (ws.ds2r.as_mut_ptr(), BWD_KEYS),
-                                false,
-                            );
-                            crate::dot16::round_tile(
-                                (ws.dp.as_ptr(), BWD_KEYS),
-                                (mqp, ncols),
-                                pairs::pow2(t),
-                                (ws.ds2c.as_mut_ptr(), BWD_KEYS / 2),
-                                true,
-                            );
-                            crate::dot16::gemm_pairs(
-                                (nk, dqkp, at2.1),
-                                (ws.ds2r.as_ptr(), 1, BWD_KEYS),
-                                (ws.q2r[at2.0 * dqkp..].as_ptr(), dqkp),
-                                (ws.tk.as_mut_ptr(), dqkp),
-                            );
-                            crate::dot16::gemm_pairs(
-                                (mqp, dqkp, n.div_ceil(2)),
-                                (ws.ds2c.as_ptr(), BWD_KEYS / 2, 1),
-                                (ws.k2r.as_ptr(), dqkp),
-                                (ws.tq.as_mut_ptr(), dqkp),
-                            );
-                            let back = pairs::pow2(-t);
-                            pairs::add_scaled(&mut ws.dk, &ws.tk, back, nk * dqkp);
-                            let part = outs.part_rows(task, hh, i0, mqp);
-                            // SAFETY: part_rows gives mqp rows of dqkp
-                            // floats that only this task writes.
-                            let part = std::slice::from_raw_parts_mut(part, mqp * dqkp);
-                            pairs::add_scaled(part, &ws.tq, back, mqp * dqkp);
-                            ds_done = true;
-                        }
-                    }
+                    ds_done = pairs::products(ws, (outs, task, hh), g, (max, min, finite));
                 } else {
                     // s holds mq rows of BWD_KEYS floats (A read
                     // transposed: key r, row kk at kk * BWD_KEYS + r, r <
