@@ -298,13 +298,13 @@ pub unsafe fn gemm_pairs(
 }
 
 /// Word `i` = bf16 of `lo[i]` (low half) and `hi[i]` (high half), rounded
-/// to nearest even: `vcvtne2ps2bf16` then a word interleave.
+/// to nearest even: `vcvtne2ps2bf16` then a word interleave. A subnormal
+/// lane comes out as 0 (the conversion flushes it).
 ///
 /// # Safety
-/// The CPU runs AVX-512 BW and BF16; `lo`, `hi` normal or zero (a
-/// subnormal f32 is flushed).
+/// The CPU runs AVX-512 BW and BF16.
 #[inline(always)]
-unsafe fn interleave16(lo: __m512, hi: __m512) -> __m512i {
+pub(super) unsafe fn interleave16(lo: __m512, hi: __m512) -> __m512i {
     // SAFETY: forwarded from the caller.
     unsafe {
         // bf16 0..16: lo's lanes; 16..32: hi's.
