@@ -16,15 +16,15 @@
 //! of two: exact unless the sum is subnormal, where it loses at most half
 //! the smallest subnormal, as an f32 product may.
 //!
-//! **Why nothing flushes.** A nonzero bf16 `a = m 2^(e - 7)` with integer
-//! `m` in `[128, 256)`, so the product of `a` and `b` is a multiple of
-//! `2^(e_a + e_b - 14)`. If every product of a call has `e_a + e_b >=
-//! -112` (or a zero factor), every product and every running sum from 0
-//! is a multiple of `2^-126`: each rounding of such a sum is again one (a
-//! sum of magnitude at least `2^-126` rounds to a multiple of its ulp,
-//! which is at least `2^-149`, or is exact), so a nonzero one is never
-//! subnormal and `vdpbf16ps` rounds exactly as f32 arithmetic would. The
-//! operands are kept there:
+//! **Why nothing flushes.** A nonzero normal bf16 is `a = m 2^(e - 7)`
+//! with an integer `m` in `[128, 256)`, so the product of `a` and `b` is a
+//! multiple of `2^(e_a + e_b - 14)`. If every product of a call has `e_a +
+//! e_b >= -112` (or a zero factor), every product and every running sum
+//! from 0 is a multiple of `2^-126`: the rounding of such a sum is the sum
+//! itself when it is below `2^-103` in size (it then has at most 23
+//! significant bits), else a multiple of its ulp, which is at least
+//! `2^-126`. So a nonzero sum is never subnormal, and `vdpbf16ps` rounds
+//! exactly as f32 arithmetic would. The operands are kept there:
 //! - Q, K, V and dO: 0 or in `[2^-40, 2^40)` (`dot16::BACKWARD`), checked
 //!   for the task's rows while packing them and for each key block; else
 //!   the task or block runs its products in f32. `S`, `dP`: `e_a + e_b >=
