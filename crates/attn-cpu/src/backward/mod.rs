@@ -95,7 +95,11 @@ impl Plan {
         let chunks = BWD_MIN_TASKS.div_ceil(units).clamp(1, blocks);
         Plan {
             chunks,
-            cuts: cuts(&block_work(p, blocks), chunks),
+            // One chunk needs no work profile.
+            cuts: match chunks {
+                1 => vec![0, blocks],
+                _ => cuts(&block_work(p, blocks), chunks),
+            },
             rows: round_up(s.q_len, BWD_ROWS),
         }
     }

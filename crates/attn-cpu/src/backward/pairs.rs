@@ -114,7 +114,6 @@ pub fn pack_task(ws: &mut Scratch, (group, ql): (usize, usize), (dqk, dv): (usiz
     }
     // The same values as pairs of rows, whole padded rows (0 past d).
     let hp = ql.div_ceil(2);
-    let zeros = vec![0.0f32; dqkp.max(dvp)];
     for (src, dst, w) in [(&ws.qp, &mut ws.q2r, dqkp), (&ws.dop, &mut ws.do2r, dvp)] {
         dst.resize(group * hp * w, 0);
         for hh in 0..group {
@@ -122,7 +121,7 @@ pub fn pack_task(ws: &mut Scratch, (group, ql): (usize, usize), (dqk, dv): (usiz
                 let at = hh * ql + 2 * rp;
                 let odd = match 2 * rp + 1 < ql {
                     true => &src[(at + 1) * w..][..w],
-                    false => &zeros[..w],
+                    false => &ws.zeros[..w],
                 };
                 let out = &mut dst[(hh * hp + rp) * w..][..w];
                 pack_words(&src[at * w..][..w], Some(odd), out, BACKWARD);
@@ -157,7 +156,6 @@ pub fn pack_task(ws: &mut Scratch, (group, ql): (usize, usize), (dqk, dv): (usiz
 pub fn pack_block(ws: &mut Scratch, n: usize, (dqk, dv): (usize, usize)) -> bool {
     let (dqkp, dvp) = (round_up(dqk, LANES), round_up(dv, LANES));
     let ncols = round_up(n, LANES);
-    let zeros = [0.0f32; BWD_KEYS];
     let mut fit = true;
     for (src, dst, w, d) in [
         (&ws.kt, &mut ws.kt2, dqkp, dqk),
@@ -168,7 +166,7 @@ pub fn pack_block(ws: &mut Scratch, n: usize, (dqk, dv): (usize, usize)) -> bool
             let e = &src[2 * d2 * BWD_KEYS..][..ncols];
             let o = match 2 * d2 + 1 < d {
                 true => &src[(2 * d2 + 1) * BWD_KEYS..][..ncols],
-                false => &zeros[..ncols],
+                false => &ws.zeros[..ncols],
             };
             let out = &mut dst[d2 * BWD_KEYS..][..ncols];
             fit &= pack_words(e, Some(o), out, BACKWARD);
@@ -177,11 +175,10 @@ pub fn pack_block(ws: &mut Scratch, n: usize, (dqk, dv): (usize, usize)) -> bool
     if !fit {
         return false;
     }
-    let none = vec![0.0f32; dqkp];
     for kp in 0..n.div_ceil(2) {
         let odd = match 2 * kp + 1 < n {
             true => &ws.kr[(2 * kp + 1) * dqkp..][..dqkp],
-            false => &none[..],
+            false => &ws.zeros[..dqkp],
         };
         let out = &mut ws.k2r[kp * dqkp..][..dqkp];
         pack_words(&ws.kr[2 * kp * dqkp..][..dqkp], Some(odd), out, BACKWARD);

@@ -40,6 +40,9 @@ pub struct Scratch {
     pub(super) dv: Vec<f32>,
     pub(super) add: Vec<f32>,
     pub(super) row: Vec<f32>,
+    /// `max(dqkp, dvp, BWD_KEYS)` zeros, never written: the partner of an
+    /// odd last row or key when packing pairs.
+    pub(super) zeros: Vec<f32>,
     /// The task's Q and dO rows, packed once (when they fit
     /// `BWD_PANEL_BYTES`).
     pub(super) qp: Vec<f32>,
@@ -93,6 +96,7 @@ impl Scratch {
             dv: z(BWD_KEYS * dvp),
             add: z(BWD_KEYS),
             row: z(dqkp.max(dvp)),
+            zeros: z(dqkp.max(dvp).max(BWD_KEYS)),
             qp: Vec::new(),
             dop: Vec::new(),
             q2: Vec::new(),
