@@ -126,9 +126,11 @@ fn test(args: &[String]) -> Result<(), String> {
     // The workspace run tested attn-cpu on the widest level this CPU has
     // (its unit tests cover every level already); the conformance suite,
     // the thread-count test and the rest of tests/conformance.rs run
-    // again on each lower level, forced through ATTN_CPU_ISA.
+    // again on each lower level, forced through ATTN_CPU_ISA, and on the
+    // opt-in `amx` level where the CPU runs it.
     let best = attn_cpu::Isa::detected();
-    for isa in attn_cpu::Isa::ALL.into_iter().filter(|&l| l < best) {
+    let others = |l: &attn_cpu::Isa| l < &best || (!l.chosen_by_default() && l.supported());
+    for isa in attn_cpu::Isa::ALL.into_iter().filter(others) {
         println!("== attn-cpu conformance on SIMD level {isa} (ATTN_CPU_ISA={isa})");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         // `--workspace` keeps the features the run above resolved, so the

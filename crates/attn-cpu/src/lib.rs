@@ -50,8 +50,10 @@ use tiling::Ctx;
 ///
 /// It runs the widest SIMD level this CPU supports ([`Isa::detected`]),
 /// or a lower one: the environment variable `ATTN_CPU_ISA` (`portable`,
-/// `avx2`, `avx512`) caps the level of every new backend, and
+/// `avx2`, `avx512`, `avx512bf16`) caps the level of every new backend, and
 /// [`Cpu::with_isa`] sets one backend's. [`Cpu::isa`] says which runs.
+/// The opt-in `amx` level runs only when named (`ATTN_CPU_ISA=amx`, or
+/// `Cpu::with_isa(Isa::Amx)`) on a CPU that has it.
 #[derive(Clone, Debug)]
 pub struct Cpu {
     /// Its own pool (`with_threads`), or rayon's global pool (`None`).
@@ -60,6 +62,9 @@ pub struct Cpu {
     single: bool,
     /// The level its kernels run on, or why `ATTN_CPU_ISA` named none.
     isa: std::result::Result<Isa, String>,
+    /// The AMX path on the scalar model of the tile unit
+    /// ([`Cpu::with_tile_model`]).
+    tile_model: bool,
 }
 
 impl Default for Cpu {
@@ -68,6 +73,7 @@ impl Default for Cpu {
             pool: None,
             single: false,
             isa: Isa::selected(),
+            tile_model: false,
         }
     }
 }
@@ -95,6 +101,19 @@ impl Cpu {
         Ok(Cpu {
             isa: Ok(isa),
             ..self
+        })
+    }
+
+    /// This backend on the `avx512bf16` level with the AMX level's path for
+    /// bf16 inputs, its tile products computed by a scalar model of the
+    /// tile unit (`tdpbf16ps` as Intel defines it) instead of the
+    /// instructions: for testing that path on CPUs without AMX (slow; not
+    /// for use). An error when this CPU does not run `avx512bf16`.
+    #[doc(hidden)]
+    pub fn with_tile_model(self) -> Result<Self> {
+        Ok(Cpu {
+            tile_model: true,
+            ..self.with_isa(Isa::Avx512Bf16)?
         })
     }
 
@@ -169,7 +188,7 @@ fn typed<'a, T: CpuElement>(d: &'a HostData, name: &'static str) -> Result<&'a [
 }
 
 fn forward_typed<T: CpuElement>(
-    (par, isa): (bool, Isa),
+    (par, isa, model): (bool, Isa, bool),
     p: &Problem,
     inputs: Inputs<'_, HostData>,
     out: &mut HostData,
@@ -184,7 +203,9 @@ fn forward_typed<T: CpuElement>(
         typed::<T>(inputs.k, "k")?,
         typed::<T>(inputs.v, "v")?,
     );
-    let ctx = Ctx::new(p, qkv, inputs.bias.zip(p.bias.map(|d| d.view)), mask).on(isa);
+    let ctx = Ctx::new(p, qkv, inputs.bias.zip(p.bias.map(|d| d.view)), mask)
+        .on(isa)
+        .tile_model(model);
     let got = out.dtype();
     let out = T::host_mut(out).ok_or(AttnError::DType {
         tensor: "out",
@@ -246,7 +267,9 @@ impl Cpu {
         };
         self.install(par, || {
             let bias = bias.zip(problem.bias.map(|d| d.view));
-            let ctx = Ctx::new(problem, (q, k, v), bias, mask).on(isa);
+            let ctx = Ctx::new(problem, (q, k, v), bias, mask)
+                .on(isa)
+                .tile_model(self.tile_model);
             schedule::run_all(&ctx, &schedule::Sink::new(out, lse), par, isa);
         });
         Ok(())
@@ -293,7 +316,7 @@ impl Backend for Cpu {
     ) -> Result<()> {
         check_call(self, problem, &inputs, out, lse.as_deref())?;
         let par = self.parallel(problem.flops());
-        let run = (par, self.isa()?);
+        let run = (par, self.isa()?, self.tile_model);
         self.install(par, || match problem.dtype {
             DType::F32 => forward_typed::<f32>(run, problem, inputs, out, lse),
             DType::F16 => forward_typed::<attn_spec::f16>(run, problem, inputs, out, lse),

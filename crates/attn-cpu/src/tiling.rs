@@ -60,6 +60,10 @@ pub struct Ctx<'a, T> {
     /// Whether prefill blocks run the bf16 dot-product path (`dot16/`):
     /// bf16 inputs on the `avx512bf16` level (set by [`Ctx::on`]).
     pub dot16: bool,
+    /// What multiplies the bf16 pass's unmasked tiles instead of
+    /// `vdpbf16ps`, if anything (`dot16/amx.rs`): the AMX tiles on the
+    /// `amx` level (set by [`Ctx::on`]), or their model in tests.
+    pub tiles: Option<crate::dot16::amx::Unit>,
 }
 
 impl<'a, T: attn_spec::Element> Ctx<'a, T> {
@@ -83,12 +87,24 @@ impl<'a, T: attn_spec::Element> Ctx<'a, T> {
             mask,
             post_scale,
             dot16: false,
+            tiles: None,
         }
     }
 
     /// The context for the kernels of `isa`: decides [`Ctx::dot16`].
     pub fn on(mut self, isa: crate::Isa) -> Self {
         self.dot16 = crate::dot16::applies(&self, isa);
+        let amx = self.dot16 && isa == crate::Isa::Amx;
+        self.tiles = amx.then_some(crate::dot16::amx::Unit::Tiles);
+        self
+    }
+
+    /// With `model`, the bf16 pass runs its AMX path on the scalar model
+    /// of the tile unit (`Cpu::with_tile_model`).
+    pub fn tile_model(mut self, model: bool) -> Self {
+        if model && self.dot16 {
+            self.tiles = Some(crate::dot16::amx::Unit::Model);
+        }
         self
     }
 }

@@ -42,6 +42,9 @@ pub struct Workspace {
     /// The probability tile as bf16 pairs of keys (`dot16/`): `KEYS / 2 x
     /// ROWS` words, each the probabilities of keys `2i` and `2i + 1`.
     pub pt2: Vec<u32>,
+    /// The value tile transposed as words for the AMX path
+    /// (`dot16/amx.rs`): `d_v x KEYS / 2` words, made on first use.
+    pub vt: Vec<u32>,
     /// Keys whose K and V rows the bf16 pass may take (`dot16::Checked`).
     pub checked: crate::dot16::Checked,
     /// A head's packed value rows, kept across its blocks.
@@ -72,6 +75,7 @@ impl Workspace {
             kbuf: vec![0.0; KEYS * dk],
             vbuf: vec![0.0; KEYS * packed_stride(dv)],
             pt2: vec![0; KEYS.div_ceil(2) * ROWS],
+            vt: Vec::new(),
             checked: Default::default(),
             packed_v: PackedV::default(),
             orow: vec![0.0; ROWS * dv],

@@ -423,7 +423,7 @@ fn backward_typed<T: CpuElement>(
         d: &d,
         bias: inputs.bias.zip(p.bias.map(|b| b.view)),
         mask,
-        dot16: cfg!(target_arch = "x86_64") && isa == Isa::Avx512Bf16 && T::DTYPE == DType::Bf16,
+        dot16: cfg!(target_arch = "x86_64") && isa >= Isa::Avx512Bf16 && T::DTYPE == DType::Bf16,
     };
     let plan = Plan::of(p);
     let tasks = plan.tasks(p);

@@ -36,6 +36,7 @@
 //! features enabled. Only bf16 inputs whose Q and K rows are contiguous,
 //! with an even head dimension, take this pass (`applies`).
 
+pub mod amx;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
 
@@ -44,13 +45,13 @@ use crate::Isa;
 use attn_spec::{DType, Element};
 
 /// Whether `ctx`'s prefill blocks run this pass on level `isa`: bf16
-/// inputs on the `avx512bf16` level, an even head dimension of Q and K
+/// inputs on the `avx512bf16` level or above, an even head dimension of Q and K
 /// below `2^14` (module docs), and Q and K rows contiguous (read as pairs
 /// in place).
 pub fn applies<T: Element>(ctx: &Ctx<'_, T>, isa: Isa) -> bool {
     let p = ctx.p;
     cfg!(target_arch = "x86_64")
-        && isa == Isa::Avx512Bf16
+        && isa >= Isa::Avx512Bf16
         && T::DTYPE == DType::Bf16
         && p.shape.head_dim_qk.is_multiple_of(2)
         && p.shape.head_dim_qk < 1 << 14
@@ -169,6 +170,104 @@ mod tests {
         }
     }
 
+    /// The AMX path, on the model of the tile unit, through the suite's
+    /// check: head dims that take the tiles for both products, one of them,
+    /// or neither; key counts with and without a multiple-of-32 tile;
+    /// masks (whose partial tiles stay on `vdpbf16ps`), GQA, per-element
+    /// options, sinks, per-sequence lengths. The model must run where a
+    /// whole tile exists, and the result must not depend on the thread
+    /// count.
+    #[test]
+    fn amx_path_on_the_tile_model_passes_the_check() {
+        use attn_conformance::case::Numbers;
+        use attn_conformance::{check_case, Case, CaseParams, Outcome};
+        use attn_spec::{AttnOptions, Backend, DType, Shape};
+        use std::sync::atomic::Ordering::Relaxed;
+        if !Isa::Avx512Bf16.supported() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        let one = crate::Cpu::with_threads(1)
+            .unwrap()
+            .with_tile_model()
+            .unwrap();
+        let three = crate::Cpu::with_threads(3)
+            .unwrap()
+            .with_tile_model()
+            .unwrap();
+        let cases: [(Shape, AttnOptions, u8); 8] = [
+            (Shape::new(1, 2, 2, 70, 256, 64), AttnOptions::default(), 0),
+            (
+                Shape::new(2, 4, 2, 130, 300, 128),
+                AttnOptions::default().causal(),
+                0,
+            ),
+            (
+                Shape::new(1, 2, 1, 200, 200, 32),
+                AttnOptions::default().causal().with_lse(),
+                1,
+            ),
+            (
+                Shape::new(1, 2, 2, 90, 384, 64),
+                AttnOptions::default().window(Some(300), Some(0)),
+                0,
+            ),
+            (
+                Shape::new(1, 2, 2, 64, 160, 64),
+                AttnOptions::default().with_lse(),
+                2,
+            ),
+            (Shape::new(1, 1, 1, 40, 128, 64), AttnOptions::default(), 3),
+            (
+                Shape::new(1, 2, 2, 48, 192, 96),
+                AttnOptions::default().causal(),
+                0,
+            ),
+            (
+                Shape::new(1, 3, 1, 200, 160, 64),
+                AttnOptions::default().top_left().causal(),
+                1,
+            ),
+        ];
+        for (i, (mut shape, options, extra)) in cases.into_iter().enumerate() {
+            if i == 6 {
+                shape.head_dim_v = 64; // dk 96: scores on vdpbf16ps, P V on tiles
+            }
+            let mut params = CaseParams::plain(shape);
+            params.dtype = DType::Bf16;
+            params.options = options;
+            params.seed = i as u64;
+            match extra {
+                1 => params.sinks = true,
+                2 => {
+                    params.numbers = Numbers::NearOverflow;
+                    params.kv_lens = true;
+                }
+                3 => {
+                    params.bias = Some(attn_conformance::case::Bcast {
+                        per_batch: false,
+                        per_head: true,
+                    })
+                }
+                _ => {}
+            }
+            let case = Case::build(params);
+            let before = amx::MODEL_CALLS.load(Relaxed);
+            assert_eq!(check_case(&one, &case), Ok(Outcome::Passed), "case {i}");
+            // (Bias makes every tile per-element; huge values and
+            // per-sequence lengths may leave no whole tile.)
+            if extra < 2 {
+                assert!(
+                    amx::MODEL_CALLS.load(Relaxed) > before,
+                    "case {i}: no tile product ran"
+                );
+            }
+            let a = one.forward(&case.problem, case.inputs()).unwrap().out;
+            let b = three.forward(&case.problem, case.inputs()).unwrap().out;
+            assert!(a == b, "case {i}: 1 and 3 threads differ");
+        }
+    }
+
     #[test]
     fn checked_keeps_one_range_of_one_head() {
         let mut c = Checked::default();
@@ -264,6 +363,7 @@ pub unsafe fn round_tile(
 
 #[cfg(target_arch = "x86_64")]
 mod pass {
+    use super::amx::Session;
     use super::kernels::{mr, pv_part, scores_part};
     use crate::blocking::{share, KEYS, LANES, PREFETCH_SPAN_BYTES};
     use crate::element::CpuElement;
@@ -339,6 +439,7 @@ mod pass {
             ot,
             vbuf,
             pt2,
+            vt,
             ahead,
             head: ws_head,
             checked,
@@ -372,6 +473,15 @@ mod pass {
             *ws_head = Some(head);
         }
         let c = ctx.q_scale();
+        // The tile unit, configured for the pass (`amx.rs`): unmasked
+        // tiles of a multiple of 32 keys multiply on it, scores when dk is
+        // a multiple of 32 (K's rows read in place, 32 bf16 per step), the
+        // output when dv is.
+        let amx = ctx.tiles.map(Session::new);
+        let amx_keys = |n: usize| amx.as_ref().filter(|_| n.is_multiple_of(32));
+        if amx.is_some() && vt.len() < KEYS / 2 * dv {
+            vt.resize(KEYS / 2 * dv, 0);
+        }
         let vs = packed_stride(dv);
         let vp = vbuf.as_mut_ptr().cast::<u32>();
         let mut j0 = lo;
@@ -421,6 +531,7 @@ mod pass {
             let (krows, ks) = typed_rows(k, &p.k, head, (j0, n), dk)
                 .expect("K rows are contiguous (dot16::applies)");
             assert!(krows.len() >= (n - 1) * ks + dk && st.len() >= n * w);
+            let mut vt_made = false;
             for (i, it) in items.iter().enumerate() {
                 if classes[i] == TileClass::Skip {
                     continue;
@@ -439,7 +550,36 @@ mod pass {
                 // score kernels (used when no mask or option changes the
                 // scores after them).
                 let mut top = [f32::NEG_INFINITY; 4 * LANES];
-                for (keys, vecs) in parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
+                let on_tiles = amx_keys(n).filter(|_| !masked && dk.is_multiple_of(32));
+                if let Some(unit) = on_tiles {
+                    if next_n > 0 {
+                        prefetch_rows(k, &p.k, head, (j0 + n, next_n), dk, Hint::L2);
+                        prefetch_rows(v, &p.v, head, (j0 + n, next_n), dv, Hint::L2);
+                    }
+                    // SAFETY: krows holds n rows of dk bf16, ks apart, and n
+                    // and dk are multiples of 32; the panel is d2 x w words;
+                    // st holds n x w floats (asserted above); top holds
+                    // 4 * 16 >= w floats; the CPU runs the bf16 level (this
+                    // function's contract).
+                    unsafe {
+                        tile_scores(
+                            unit,
+                            (krows.as_ptr(), ks),
+                            (qp, w, d2),
+                            n,
+                            c,
+                            st.as_mut_ptr(),
+                            &mut top,
+                            || ahead.issue(),
+                        )
+                    };
+                }
+                // What is left for `vdpbf16ps`: nothing after the tile unit.
+                let parts_left = match on_tiles {
+                    Some(_) => Parts::whole(0, 0),
+                    None => parts,
+                };
+                for (keys, vecs) in parts_left.iter().filter(|(_, vecs)| !vecs.is_empty()) {
                     assert!(keys.end <= n && vecs.end <= NV);
                     let nv = vecs.len();
                     let mut j = keys.start;
@@ -500,6 +640,23 @@ mod pass {
                 });
                 let out = ot[i * dv * w..(i + 1) * dv * w].as_mut_ptr();
                 let pv_parts = parts.paired();
+                let on_tiles = amx_keys(n).filter(|_| dv.is_multiple_of(32));
+                if let (Some(unit), true) = (on_tiles, pv_parts.is_whole(n, NV)) {
+                    let vtp = vt.as_mut_ptr();
+                    // SAFETY: the packed values hold n2 rows of dv words, vs
+                    // apart, all packed by now; vt holds KEYS / 2 x dv >=
+                    // dv x n2 words (resized above); pt2 holds n2 x w words;
+                    // this item's output is dv x w floats; n and dv are
+                    // multiples of 32; the CPU runs the bf16 level.
+                    unsafe {
+                        if !vt_made {
+                            transpose_words((vp, vs), (n2, dv), vtp);
+                            vt_made = true;
+                        }
+                        tile_pv(unit, (vtp, n2, dv), (pp, w), out, &alpha);
+                    }
+                    continue;
+                }
                 if pv_parts.is_whole(n, NV) {
                     let mut col = 0;
                     while col < dv {
@@ -568,6 +725,142 @@ mod pass {
             j0 += n;
         }
         Some(sms)
+    }
+
+    /// `S^T` of one unmasked tile on the tile unit: for each 32 keys, the
+    /// products over the query panel's columns, then (while in L1) each
+    /// score times `c`, each row's largest folded into `top`, and one
+    /// step of the prefetch pace (`issue`).
+    ///
+    /// # Safety
+    /// `k + j * ks + e` readable for `j < n`, `e < 2 * d2`; the panel `d2 x
+    /// w` words; `st` `n x w` floats writable; `n` and `2 * d2` multiples
+    /// of 32, `w` of 16 and at most `top.len()`; the CPU runs AVX-512 F.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile_scores(
+        unit: &Session,
+        (k, ks): (*const u16, usize),
+        (qp, w, d2): (*const u32, usize, usize),
+        n: usize,
+        c: f32,
+        st: *mut f32,
+        top: &mut [f32],
+        mut issue: impl FnMut(),
+    ) {
+        assert!(n.is_multiple_of(32) && d2.is_multiple_of(16));
+        assert!(w.is_multiple_of(LANES) && w <= top.len());
+        // SAFETY: every access is within the extents above.
+        unsafe {
+            let cv = _mm512_set1_ps(c);
+            for j in (0..n).step_by(32) {
+                let mut col = 0;
+                while col < w {
+                    let nt = if w - col >= 32 { 2 } else { 1 };
+                    unit.mul(
+                        (k.add(j * ks).cast(), 2 * ks),
+                        (qp.add(col).cast(), 4 * w),
+                        d2 / 16,
+                        (st.add(j * w + col), 4 * w),
+                        nt,
+                        false,
+                    );
+                    col += 16 * nt;
+                }
+                for r in (0..w).step_by(LANES) {
+                    let mut mx = _mm512_loadu_ps(top.as_ptr().add(r));
+                    for jj in j..j + 32 {
+                        let at = st.add(jj * w + r);
+                        let x = _mm512_mul_ps(_mm512_loadu_ps(at), cv);
+                        mx = _mm512_max_ps(mx, x);
+                        _mm512_storeu_ps(at, x);
+                    }
+                    _mm512_storeu_ps(top.as_mut_ptr().add(r), mx);
+                }
+                issue();
+            }
+        }
+    }
+
+    /// `O^T = alpha O^T + V^T P^T` for one item on the tile unit: the
+    /// running output rescaled (unless every factor is 1), then the
+    /// products, 32 value columns by up to 32 rows at a time.
+    ///
+    /// # Safety
+    /// `vt` holds `dv` rows of `n2` words (the transposed value pairs), `pp`
+    /// `n2` rows of `w` words, `out` `dv x w` floats; `n2` a multiple of
+    /// 16, `dv` of 32, `w` of 16 with `w / 16 <= alpha.len()`; the CPU
+    /// runs AVX-512 F.
+    #[inline(always)]
+    unsafe fn tile_pv(
+        unit: &Session,
+        (vt, n2, dv): (*const u32, usize, usize),
+        (pp, w): (*const u32, usize),
+        out: *mut f32,
+        alpha: &[V16],
+    ) {
+        assert!(n2.is_multiple_of(16) && dv.is_multiple_of(32));
+        assert!(w.is_multiple_of(LANES) && w / LANES <= alpha.len());
+        // SAFETY: every access is within the extents above.
+        unsafe {
+            let one = _mm512_set1_ps(1.0);
+            let alpha = &alpha[..w / LANES];
+            let ones = alpha
+                .iter()
+                .all(|a| _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a.0, one) == 0xffff);
+            if !ones {
+                for col in 0..dv {
+                    for (r, a) in alpha.iter().enumerate() {
+                        let o = out.add(col * w + r * LANES);
+                        _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), a.0));
+                    }
+                }
+            }
+            for c0 in (0..dv).step_by(32) {
+                let mut col = 0;
+                while col < w {
+                    let nt = if w - col >= 32 { 2 } else { 1 };
+                    unit.mul(
+                        (vt.add(c0 * n2).cast(), 4 * n2),
+                        (pp.add(col).cast(), 4 * w),
+                        n2 / 16,
+                        (out.add(c0 * w + col), 4 * w),
+                        nt,
+                        true,
+                    );
+                    col += 16 * nt;
+                }
+            }
+        }
+    }
+
+    /// The packed value pairs (`n2` rows of `dv` words, `vs` apart)
+    /// transposed as words into `vt` (`dv` rows of `n2` words): row `c`
+    /// holds column `c`'s bf16 along the keys, A's layout for the tile
+    /// unit. Bit moves only.
+    ///
+    /// # Safety
+    /// The extents above, `n2` and `dv` multiples of 16; the CPU runs
+    /// AVX-512 F.
+    #[inline(always)]
+    unsafe fn transpose_words(
+        (vp, vs): (*const u32, usize),
+        (n2, dv): (usize, usize),
+        vt: *mut u32,
+    ) {
+        assert!(n2.is_multiple_of(LANES) && dv.is_multiple_of(LANES));
+        // SAFETY: every access is within the extents above.
+        unsafe {
+            for i0 in (0..n2).step_by(LANES) {
+                for c0 in (0..dv).step_by(LANES) {
+                    let blk: [V16; LANES] =
+                        std::array::from_fn(|r| V16::load(vp.add((i0 + r) * vs + c0).cast()));
+                    for (r, t) in V16::transpose16(blk).into_iter().enumerate() {
+                        t.store(vt.add((c0 + r) * n2 + i0).cast());
+                    }
+                }
+            }
+        }
     }
 
     /// Whether every element of rows `j0..j0+n` (batch `b`, head `g`, `d`

@@ -33,11 +33,24 @@ pub enum Isa {
     /// inputs `Q K^T` and `P V` on `vdpbf16ps` (pairs of bf16 products
     /// accumulated in f32, P rounded to bf16: `dot16/`).
     Avx512Bf16,
+    /// The `avx512bf16` level with the AMX tile unit (AMX-TILE and
+    /// AMX-BF16: Intel Xeon 4th generation and later, on Linux): the bf16
+    /// forward's unmasked tiles multiply on `tdpbf16ps` (`dot16/amx.rs`).
+    /// Opt-in: chosen only when asked for (`ATTN_CPU_ISA=amx`,
+    /// `Cpu::with_isa`), never by [`Isa::detected`], until it has been
+    /// verified on such a CPU (it has not yet run on one).
+    Amx,
 }
 
 impl Isa {
     /// Every level, narrowest first.
-    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16];
+    pub const ALL: [Isa; 5] = [
+        Isa::Portable,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Bf16,
+        Isa::Amx,
+    ];
 
     /// The level's name as `ATTN_CPU_ISA` spells it.
     pub fn name(self) -> &'static str {
@@ -46,6 +59,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
             Isa::Avx512Bf16 => "avx512bf16",
+            Isa::Amx => "amx",
         }
     }
 
@@ -67,19 +81,28 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Bf16 => Isa::Avx512.supported() && is_x86_feature_detected!("avx512bf16"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512Bf16.supported() && crate::dot16::amx::available(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
     }
 
-    /// The widest level this CPU runs.
+    /// Whether detection may choose the level: every level but the
+    /// opt-in [`Isa::Amx`].
+    pub fn chosen_by_default(self) -> bool {
+        self != Isa::Amx
+    }
+
+    /// The widest level this CPU runs that detection chooses
+    /// ([`Isa::chosen_by_default`]).
     pub fn detected() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
             Isa::ALL
                 .into_iter()
                 .rev()
-                .find(|l| l.supported())
+                .find(|l| l.chosen_by_default() && l.supported())
                 .unwrap_or(Isa::Portable)
         })
     }
@@ -87,15 +110,18 @@ impl Isa {
     /// The level a new backend uses: the detected one, or a lower one
     /// named by the environment variable `ATTN_CPU_ISA` (`portable`,
     /// `avx2`, `avx512`, `avx512bf16`; a level above what the CPU runs gives the CPU's
-    /// best, as a cap). An unknown name is an error, kept so that every
-    /// call can report it.
+    /// best, as a cap), or the opt-in `amx` where the CPU runs it. An
+    /// unknown name is an error, kept so that every call can report it.
     pub fn selected() -> Result<Isa, String> {
         static SELECTED: OnceLock<Result<Isa, String>> = OnceLock::new();
         SELECTED
             .get_or_init(|| match std::env::var("ATTN_CPU_ISA") {
                 Ok(s) if !s.trim().is_empty() => s
                     .parse::<Isa>()
-                    .map(|asked| asked.min(Isa::detected()))
+                    .map(|asked| match asked.supported() {
+                        true => asked,
+                        false => asked.min(Isa::detected()),
+                    })
                     .map_err(|e| format!("ATTN_CPU_ISA: {e}")),
                 _ => Ok(Isa::detected()),
             })
@@ -148,9 +174,9 @@ pub fn vectorize<O: Op>(isa: Isa, op: O) -> O::Output {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU runs AVX-512 F/BW, AVX2, FMA and F16C (asserted;
-        // the bf16 level runs the same vectors and reaches its bf16 kernels
-        // through `Kernels::run_items` when `Ctx::dot16` says so).
-        Isa::Avx512 | Isa::Avx512Bf16 => unsafe { super::avx512::enter(op) },
+        // the bf16 and AMX levels run the same vectors and reach their bf16
+        // kernels through `Kernels::run_items` when `Ctx::dot16` says so).
+        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe { super::avx512::enter(op) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU runs AVX2, FMA and F16C (asserted).
         Isa::Avx2 => unsafe { super::avx2::enter(op) },
