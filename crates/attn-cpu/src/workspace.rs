@@ -11,8 +11,9 @@
 //! gives it back on drop. The pool keeps at most [`POOL`] workspaces per
 //! thread (the most recent), for the life of the thread: at head dim 128
 //! each holds about 340 KiB of tiles plus up to `PACKED_V_BYTES` (512 KiB)
-//! of packed value rows, so a thread that ran attention keeps at most
-//! about 1.7 MiB.
+//! of packed value rows for the f32 kernels and as much in bf16 pairs for
+//! the `vdpbf16ps` pass (both only where a call ran both), so a thread that
+//! ran attention keeps at most about 2.7 MiB.
 
 use crate::blocking::{DECODE_KEYS, KEYS, LANES, ROWS};
 use crate::decode::DECODE_ROWS;
@@ -49,6 +50,9 @@ pub struct Workspace {
     pub checked: crate::dot16::Checked,
     /// A head's packed value rows, kept across its blocks.
     pub packed_v: PackedV,
+    /// A head's value rows packed in bf16 pairs of keys (`dot16/`), kept
+    /// across its passes, indexed by pair (keys `2i`, `2i + 1`).
+    pub packed_pairs: PackedV,
     /// The finished block in row-major order, `ROWS x dv`.
     pub orow: Vec<f32>,
     /// Sixteen widened query rows.
@@ -78,6 +82,7 @@ impl Workspace {
             vt: Vec::new(),
             checked: Default::default(),
             packed_v: PackedV::default(),
+            packed_pairs: PackedV::default(),
             orow: vec![0.0; ROWS * dv],
             qrow: vec![0.0; LANES * dk],
             sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
@@ -91,6 +96,7 @@ impl Workspace {
     /// and the last head), so nothing outlives the call that computed it.
     fn reset(&mut self) {
         self.packed_v.forget();
+        self.packed_pairs.forget();
         self.checked.forget();
         self.head = None;
         self.scratch_tile = None;

@@ -367,7 +367,7 @@ mod pass {
     use super::kernels::{mr, pv_part, scores_part};
     use crate::blocking::{share, KEYS, LANES, PREFETCH_SPAN_BYTES};
     use crate::element::CpuElement;
-    use crate::pack::{packed_stride, prefetch_rows, typed_rows, Hint};
+    use crate::pack::{packed_stride, prefetch_rows, typed_rows, Hint, PackedV};
     use crate::parts::Parts;
     use crate::simd::avx512::V16;
     use crate::simd::Vector;
@@ -438,6 +438,7 @@ mod pass {
             st,
             ot,
             vbuf,
+            packed_pairs,
             pt2,
             vt,
             ahead,
@@ -483,7 +484,6 @@ mod pass {
             vt.resize(KEYS / 2 * dv, 0);
         }
         let vs = packed_stride(dv);
-        let vp = vbuf.as_mut_ptr().cast::<u32>();
         let mut j0 = lo;
         while j0 < hi {
             let n = KEYS.min(hi - j0);
@@ -518,14 +518,31 @@ mod pass {
             }
             let n2 = n.div_ceil(2);
             assert!(vbuf.len() >= n2 * vs && vs >= dv);
+            // A tile of whole pairs at an even key is packed into the
+            // head's pair rows kept across passes (pair `i` of the head is
+            // keys 2i, 2i + 1 whatever the tile), and packed only if no
+            // earlier pass of the head on this thread did; any other tile
+            // into `vbuf`.
+            let pairs0 = j0 / 2;
+            let keep =
+                j0.is_multiple_of(2) && n.is_multiple_of(2) && PackedV::fits(pairs0 + n2, vs);
+            let held = keep && packed_pairs.holds(head, &(pairs0..pairs0 + n2));
+            let vp: *mut u32 = match keep {
+                true => packed_pairs
+                    .claim(head, (pairs0, n2), vs)
+                    .as_mut_ptr()
+                    .cast(),
+                false => vbuf.as_mut_ptr().cast(),
+            };
             // The tile's values are packed pair by pair between the first
             // block's score kernels, each group one kernel call after its
             // prefetch into L1, so the copy overlaps the arithmetic.
-            let mut packed = 0;
+            let mut packed = if held { n2 } else { 0 };
             let pack = |pairs: std::ops::Range<usize>| {
                 assert!(pairs.end <= n2);
-                // SAFETY: vbuf holds n2 rows of vs words (asserted); the CPU
-                // runs AVX-512 (this function's contract).
+                // SAFETY: vp holds n2 rows of vs words (vbuf: asserted; the
+                // kept rows: claimed); the CPU runs AVX-512 (this function's
+                // contract).
                 unsafe { pack_v_pairs(v, &p.v, head, (j0, n), pairs, dv, (vp, vs)) };
             };
             let (krows, ks) = typed_rows(k, &p.k, head, (j0, n), dk)
@@ -721,6 +738,9 @@ mod pass {
                         col += m;
                     }
                 }
+            }
+            if keep && !held {
+                packed_pairs.mark(pairs0..pairs0 + n2);
             }
             j0 += n;
         }
