@@ -316,7 +316,7 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
     let (k, ks) = if first {
         kv_rows::<V, T>(ctx.k, &p.k, g, (j0, n), dk, kbuf)
     } else {
-        kv_rows_again(ctx.k, &p.k, g, (j0, n), dk, kbuf.as_slice())
+        kv_rows_again(ctx.k, &p.k, g, (j0, n), dk, &kbuf[..])
     };
     assert!(k.len() >= (n - 1) * ks + dk && qt.len() >= dk * w && st.len() >= n * w);
     // This tile's values are packed group by group between the score

@@ -24,6 +24,40 @@ use std::ops::{Deref, DerefMut};
 /// Workspaces a thread keeps between leases (more are dropped).
 const POOL: usize = 2;
 
+/// A zeroed buffer whose first element is on a 64-byte boundary, so that
+/// the kernels' 64-byte rows (and the AMX tile rows) of a tile whose row
+/// length is a whole number of lines never straddle two cache lines (the
+/// allocator aligns to 16 bytes only). Fixed length; a slice through
+/// `Deref`.
+pub struct Aligned<T> {
+    buf: Vec<T>,
+    at: usize,
+    len: usize,
+}
+
+impl<T: Copy + Default> Aligned<T> {
+    /// `len` zeros.
+    pub fn zeroed(len: usize) -> Self {
+        let buf = vec![T::default(); len + 64 / size_of::<T>()];
+        // Elements from the start to the next 64-byte boundary.
+        let at = (buf.as_ptr() as usize).wrapping_neg() % 64 / size_of::<T>();
+        Aligned { buf, at, len }
+    }
+}
+
+impl<T> Deref for Aligned<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.buf[self.at..self.at + self.len]
+    }
+}
+
+impl<T> DerefMut for Aligned<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.buf[self.at..self.at + self.len]
+    }
+}
+
 /// Per-thread scratch: one tile of each kind (the query panel and running
 /// output twice), and a head's packed value
 /// rows (at most `PACKED_V_BYTES`).
@@ -31,21 +65,21 @@ pub struct Workspace {
     /// The head dims `(dk, dv)` it was made for.
     dims: (usize, usize),
     /// `Q^T` of the (up to 2) blocks of a pass, each `d_qk x ROWS`.
-    pub qt: Vec<f32>,
+    pub qt: Aligned<f32>,
     /// Score / probability tile `S^T`, `KEYS x ROWS`.
-    pub st: Vec<f32>,
+    pub st: Aligned<f32>,
     /// Running output `O^T` of the blocks of a pass, each `d_v x ROWS`.
-    pub ot: Vec<f32>,
+    pub ot: Aligned<f32>,
     /// Widened keys when K is not f32 with unit stride.
-    pub kbuf: Vec<f32>,
+    pub kbuf: Aligned<f32>,
     /// Packed value tile (rows `packed_stride(dv)` apart).
-    pub vbuf: Vec<f32>,
+    pub vbuf: Aligned<f32>,
     /// The probability tile as bf16 pairs of keys (`dot16/`): `KEYS / 2 x
     /// ROWS` words, each the probabilities of keys `2i` and `2i + 1`.
-    pub pt2: Vec<u32>,
+    pub pt2: Aligned<u32>,
     /// The value tile transposed as words for the AMX path
     /// (`dot16/amx.rs`): `d_v x KEYS / 2` words, made on first use.
-    pub vt: Vec<u32>,
+    pub vt: Aligned<u32>,
     /// Keys whose K and V rows the bf16 pass may take (`dot16::Checked`).
     pub checked: crate::dot16::Checked,
     /// A head's packed value rows, kept across its blocks.
@@ -54,11 +88,11 @@ pub struct Workspace {
     /// across its passes, indexed by pair (keys `2i`, `2i + 1`).
     pub packed_pairs: PackedV,
     /// The finished block in row-major order, `ROWS x dv`.
-    pub orow: Vec<f32>,
+    pub orow: Aligned<f32>,
     /// Sixteen widened query rows.
-    pub qrow: Vec<f32>,
+    pub qrow: Aligned<f32>,
     /// Decode path: score / probability rows, `DECODE_ROWS x KEYS`.
-    pub sd: Vec<f32>,
+    pub sd: Aligned<f32>,
     /// Rows to prefetch while the block computes (set by the scheduler).
     pub ahead: Ahead,
     /// (batch, K/V head) of the last block run on this workspace.
@@ -73,19 +107,19 @@ impl Workspace {
     pub fn new(dk: usize, dv: usize) -> Self {
         Workspace {
             dims: (dk, dv),
-            qt: vec![0.0; 2 * dk * ROWS],
-            st: vec![0.0; KEYS * ROWS],
-            ot: vec![0.0; 2 * dv * ROWS],
-            kbuf: vec![0.0; KEYS * dk],
-            vbuf: vec![0.0; KEYS * packed_stride(dv)],
-            pt2: vec![0; KEYS.div_ceil(2) * ROWS],
-            vt: Vec::new(),
+            qt: Aligned::zeroed(2 * dk * ROWS),
+            st: Aligned::zeroed(KEYS * ROWS),
+            ot: Aligned::zeroed(2 * dv * ROWS),
+            kbuf: Aligned::zeroed(KEYS * dk),
+            vbuf: Aligned::zeroed(KEYS * packed_stride(dv)),
+            pt2: Aligned::zeroed(KEYS.div_ceil(2) * ROWS),
+            vt: Aligned::zeroed(0),
             checked: Default::default(),
             packed_v: PackedV::default(),
             packed_pairs: PackedV::default(),
-            orow: vec![0.0; ROWS * dv],
-            qrow: vec![0.0; LANES * dk],
-            sd: vec![0.0; DECODE_ROWS * DECODE_KEYS],
+            orow: Aligned::zeroed(ROWS * dv),
+            qrow: Aligned::zeroed(LANES * dk),
+            sd: Aligned::zeroed(DECODE_ROWS * DECODE_KEYS),
             ahead: Ahead::default(),
             head: None,
             scratch_tile: None,
@@ -155,5 +189,24 @@ impl DerefMut for Lease {
         self.0
             .as_mut()
             .expect("a lease holds its workspace until dropped")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Aligned;
+
+    #[test]
+    fn aligned_buffers_start_on_a_line_and_hold_zeros() {
+        for len in [0, 1, 15, 16, 1000, 8192] {
+            let mut a = Aligned::<f32>::zeroed(len);
+            let b = Aligned::<u32>::zeroed(len);
+            assert_eq!((a.len(), b.len()), (len, len));
+            assert!((a.as_ptr() as usize).is_multiple_of(64), "{len}");
+            assert!((b.as_ptr() as usize).is_multiple_of(64), "{len}");
+            assert!(a.iter().all(|&x| x == 0.0) && b.iter().all(|&x| x == 0));
+            a.fill(1.0);
+            assert_eq!(a.iter().sum::<f32>(), len as f32);
+        }
     }
 }

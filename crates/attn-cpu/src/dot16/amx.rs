@@ -1,7 +1,7 @@
 //! bf16 products on the AMX tile unit (Intel Xeon 4th generation and
 //! later): `tdpbf16ps` multiplies a 16 x 32 bf16 tile by a 16 x 16 tile of
-//! bf16 pairs into a 16 x 16 f32 tile, 16 384 flops per instruction (32
-//! `vdpbf16ps`).
+//! bf16 pairs into a 16 x 16 f32 tile, 16 384 flops per instruction (the
+//! work of 256 `vdpbf16ps` on 512-bit registers).
 //!
 //! One product shape serves both products of the forward pass, on the
 //! layouts the `vdpbf16ps` pass already keeps (query rows along the
@@ -15,8 +15,9 @@
 //!
 //! The tile unit computes pairs as `vdpbf16ps` does (each product of two
 //! bf16 exact in f32, sums rounded to nearest even, subnormal inputs and
-//! results flushed), so the window and the bound of the `vdpbf16ps` pass
-//! (module docs of `dot16`) cover it unchanged.
+//! results flushed), in another order of additions, so the window and the
+//! bound of the `vdpbf16ps` pass (module docs of `dot16`), which hold for
+//! any order, cover it unchanged.
 //!
 //! Rust has no stable AMX intrinsics; stable `asm!` takes the
 //! instructions. Detection reads CPUID (AMX-TILE and AMX-BF16), checks
@@ -248,6 +249,8 @@ unsafe fn tiles(
                     c0 = in(reg) c,
                     c1 = in(reg) c1,
                     cs = in(reg) c_stride,
+                    out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+                    out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
                     options(nostack),
                 )
             }
@@ -286,10 +289,13 @@ unsafe fn tiles(
     }
 }
 
-/// [`Session::mul`] in scalar code, as the instruction's definition
-/// states it: per step and pair, both products added to the f32 sum in
-/// turn, each rounded to nearest even; bf16 inputs and f32 results that
-/// are subnormal taken as zero.
+/// [`Session::mul`] in scalar code, in the order of the pseudocode of
+/// Intel's manual: per instruction (32 bf16 of the sum) and output, the
+/// even and the odd products of the 16 pairs each summed by FMAs from 0,
+/// then their sum added to C, every step rounded to nearest even, bf16
+/// inputs and f32 results that are subnormal taken as zero. (Hardware may
+/// round differently within that; the tests compare the two on sums that
+/// are exact.)
 ///
 /// # Safety
 /// As [`Session::mul`].
@@ -318,12 +324,20 @@ unsafe fn model(
             // (row m < 32 of A and C, rows k < 16 s of B, column j < 16 nt).
             unsafe {
                 let out = c.cast::<u8>().add(m * c_stride).cast::<f32>().add(j);
-                let mut acc = if add { out.read_unaligned() } else { 0.0 };
-                for k in 0..16 * s {
-                    let x = a.add(m * a_stride + 4 * k).cast::<u32>().read_unaligned();
-                    let y = b.add(k * b_stride + 4 * j).cast::<u32>().read_unaligned();
-                    acc = flush(acc + flush(half(x as u16) * half(y as u16)));
-                    acc = flush(acc + flush(half((x >> 16) as u16) * half((y >> 16) as u16)));
+                let mut acc = if add {
+                    flush(out.read_unaligned())
+                } else {
+                    0.0
+                };
+                for t in 0..s {
+                    let (mut even, mut odd) = (0.0f32, 0.0f32);
+                    for k in 16 * t..16 * (t + 1) {
+                        let x = a.add(m * a_stride + 4 * k).cast::<u32>().read_unaligned();
+                        let y = b.add(k * b_stride + 4 * j).cast::<u32>().read_unaligned();
+                        even = flush(half(x as u16).mul_add(half(y as u16), even));
+                        odd = flush(half((x >> 16) as u16).mul_add(half((y >> 16) as u16), odd));
+                    }
+                    acc = flush(acc + flush(even + odd));
                 }
                 out.write_unaligned(acc);
             }

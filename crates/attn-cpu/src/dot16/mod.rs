@@ -481,7 +481,7 @@ mod pass {
         let amx = ctx.tiles.map(Session::new);
         let amx_keys = |n: usize| amx.as_ref().filter(|_| n.is_multiple_of(32));
         if amx.is_some() && vt.len() < KEYS / 2 * dv {
-            vt.resize(KEYS / 2 * dv, 0);
+            *vt = crate::workspace::Aligned::zeroed(KEYS / 2 * dv);
         }
         let vs = packed_stride(dv);
         let mut j0 = lo;
