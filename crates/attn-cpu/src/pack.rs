@@ -167,7 +167,7 @@ pub fn pack_rows<V: Vector, T: CpuElement>(
 /// are exact, so reusing them changes no result.
 #[derive(Debug, Default)]
 pub struct PackedV {
-    buf: Vec<f32>,
+    buf: crate::workspace::Aligned<f32>,
     /// (batch, K/V head) of the rows held.
     head: (usize, usize),
     /// Keys whose packed rows are in `buf`.
@@ -199,9 +199,7 @@ impl PackedV {
             self.head = g;
             self.valid = 0..0;
         }
-        if self.buf.len() < (j0 + n) * stride {
-            self.buf.resize((j0 + n) * stride, 0.0);
-        }
+        self.buf.grow((j0 + n) * stride);
         &mut self.buf[j0 * stride..]
     }
 

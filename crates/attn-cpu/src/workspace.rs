@@ -45,6 +45,29 @@ impl<T: Copy + Default> Aligned<T> {
     }
 }
 
+impl<T: Copy + Default> Aligned<T> {
+    /// Makes it at least `len` long, keeping its elements (new ones zero).
+    pub fn grow(&mut self, len: usize) {
+        if len > self.len {
+            let mut new = Aligned::zeroed(len);
+            new[..self.len].copy_from_slice(self);
+            *self = new;
+        }
+    }
+}
+
+impl<T: Copy + Default> Default for Aligned<T> {
+    fn default() -> Self {
+        Aligned::zeroed(0)
+    }
+}
+
+impl<T> std::fmt::Debug for Aligned<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Aligned({} elements)", self.len)
+    }
+}
+
 impl<T> Deref for Aligned<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
@@ -87,6 +110,9 @@ pub struct Workspace {
     /// A head's value rows packed in bf16 pairs of keys (`dot16/`), kept
     /// across its passes, indexed by pair (keys `2i`, `2i + 1`).
     pub packed_pairs: PackedV,
+    /// A head's value tiles transposed for the AMX path (`dot16/amx.rs`),
+    /// kept across its passes, indexed by tile (keys `KEYS t..KEYS (t+1)`).
+    pub packed_vt: PackedV,
     /// The finished block in row-major order, `ROWS x dv`.
     pub orow: Aligned<f32>,
     /// Sixteen widened query rows.
@@ -117,6 +143,7 @@ impl Workspace {
             checked: Default::default(),
             packed_v: PackedV::default(),
             packed_pairs: PackedV::default(),
+            packed_vt: PackedV::default(),
             orow: Aligned::zeroed(ROWS * dv),
             qrow: Aligned::zeroed(LANES * dk),
             sd: Aligned::zeroed(DECODE_ROWS * DECODE_KEYS),
@@ -131,6 +158,7 @@ impl Workspace {
     fn reset(&mut self) {
         self.packed_v.forget();
         self.packed_pairs.forget();
+        self.packed_vt.forget();
         self.checked.forget();
         self.head = None;
         self.scratch_tile = None;

@@ -173,8 +173,9 @@ mod tests {
     /// The AMX path, on the model of the tile unit, through the suite's
     /// check: head dims that take the tiles for both products, one of them,
     /// or neither; key counts with and without a multiple-of-32 tile;
-    /// masks (whose partial tiles stay on `vdpbf16ps`), GQA, per-element
-    /// options, sinks, per-sequence lengths. The model must run where a
+    /// masks (whose partial tiles the unit computes whole), GQA,
+    /// per-element options, sinks, per-sequence lengths; heads long enough
+    /// that later passes reuse the kept transposed values. The model must run where a
     /// whole tile exists, and the result must not depend on the thread
     /// count.
     #[test]
@@ -254,9 +255,9 @@ mod tests {
             let case = Case::build(params);
             let before = amx::MODEL_CALLS.load(Relaxed);
             assert_eq!(check_case(&one, &case), Ok(Outcome::Passed), "case {i}");
-            // (Bias makes every tile per-element; huge values and
-            // per-sequence lengths may leave no whole tile.)
-            if extra < 2 {
+            // (Huge values and per-sequence lengths may leave no tile of a
+            // multiple of 32 keys.)
+            if extra != 2 {
                 assert!(
                     amx::MODEL_CALLS.load(Relaxed) > before,
                     "case {i}: no tile product ran"
@@ -439,6 +440,7 @@ mod pass {
             ot,
             vbuf,
             packed_pairs,
+            packed_vt,
             pt2,
             vt,
             ahead,
@@ -474,10 +476,11 @@ mod pass {
             *ws_head = Some(head);
         }
         let c = ctx.q_scale();
-        // The tile unit, configured for the pass (`amx.rs`): unmasked
-        // tiles of a multiple of 32 keys multiply on it, scores when dk is
-        // a multiple of 32 (K's rows read in place, 32 bf16 per step), the
-        // output when dv is.
+        // The tile unit, configured for the pass (`amx.rs`): tiles of a
+        // multiple of 32 keys multiply on it, scores when dk is a multiple
+        // of 32 (K's rows read in place, 32 bf16 per step), the output when
+        // dv is. It computes masked tiles whole: the mask then applies to
+        // the scores as on the f32 pass, and masked probabilities are 0.
         let amx = ctx.tiles.map(Session::new);
         let amx_keys = |n: usize| amx.as_ref().filter(|_| n.is_multiple_of(32));
         if amx.is_some() && vt.len() < KEYS / 2 * dv {
@@ -567,7 +570,7 @@ mod pass {
                 // score kernels (used when no mask or option changes the
                 // scores after them).
                 let mut top = [f32::NEG_INFINITY; 4 * LANES];
-                let on_tiles = amx_keys(n).filter(|_| !masked && dk.is_multiple_of(32));
+                let on_tiles = amx_keys(n).filter(|_| dk.is_multiple_of(32));
                 if let Some(unit) = on_tiles {
                     if next_n > 0 {
                         prefetch_rows(k, &p.k, head, (j0 + n, next_n), dk, Hint::L2);
@@ -658,19 +661,35 @@ mod pass {
                 let out = ot[i * dv * w..(i + 1) * dv * w].as_mut_ptr();
                 let pv_parts = parts.paired();
                 let on_tiles = amx_keys(n).filter(|_| dv.is_multiple_of(32));
-                if let (Some(unit), true) = (on_tiles, pv_parts.is_whole(n, NV)) {
-                    let vtp = vt.as_mut_ptr();
+                if let Some(unit) = on_tiles {
+                    // The transposed values: a whole tile at a multiple of
+                    // KEYS is kept for the head's later passes.
+                    let t = j0 / KEYS;
+                    let vt_stride = dv * KEYS / 2;
+                    let keep =
+                        j0.is_multiple_of(KEYS) && n == KEYS && PackedV::fits(t + 1, vt_stride);
+                    let (vtp, fresh): (*mut u32, bool) = match keep {
+                        true => (
+                            packed_vt.claim(head, (t, 1), vt_stride).as_mut_ptr().cast(),
+                            !packed_vt.holds(head, &(t..t + 1)),
+                        ),
+                        false => (vt.as_mut_ptr(), !vt_made),
+                    };
                     // SAFETY: the packed values hold n2 rows of dv words, vs
-                    // apart, all packed by now; vt holds KEYS / 2 x dv >=
-                    // dv x n2 words (resized above); pt2 holds n2 x w words;
+                    // apart, all packed by now; vtp holds dv x n2 words (vt:
+                    // KEYS / 2 x dv, resized above; a claimed tile: dv x
+                    // KEYS / 2); pt2 holds n2 x w words, zero where masked;
                     // this item's output is dv x w floats; n and dv are
                     // multiples of 32; the CPU runs the bf16 level.
                     unsafe {
-                        if !vt_made {
+                        if fresh {
                             transpose_words((vp, vs), (n2, dv), vtp);
-                            vt_made = true;
                         }
                         tile_pv(unit, (vtp, n2, dv), (pp, w), out, &alpha);
+                    }
+                    match keep {
+                        true => packed_vt.mark(t..t + 1),
+                        false => vt_made = true,
                     }
                     continue;
                 }

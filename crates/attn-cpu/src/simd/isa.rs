@@ -35,7 +35,7 @@ pub enum Isa {
     Avx512Bf16,
     /// The `avx512bf16` level with the AMX tile unit (AMX-TILE and
     /// AMX-BF16: Intel Xeon 4th generation and later, on Linux): the bf16
-    /// forward's unmasked tiles multiply on `tdpbf16ps` (`dot16/amx.rs`).
+    /// forward's tiles multiply on `tdpbf16ps` (`dot16/amx.rs`).
     /// Opt-in: chosen only when asked for (`ATTN_CPU_ISA=amx`,
     /// `Cpu::with_isa`), never by [`Isa::detected`], until it has been
     /// verified on such a CPU (it has not yet run on one).
