@@ -12,8 +12,10 @@
 //! - `P V`: the probabilities are rounded to bf16 (round to nearest even)
 //!   in pairs of keys as the online softmax forms them (its running sum
 //!   takes them unrounded), and V is packed in pairs of keys per column,
-//!   once per tile for both blocks of a pass. The conformance bound allows
-//!   P rounded to the input type.
+//!   once per tile for both blocks of a pass, and kept for the head's
+//!   later passes on the thread (`Workspace::packed_pairs`) when the
+//!   tile's pairs are whole. The conformance bound allows P rounded to the
+//!   input type.
 //! - Masked tiles run the score kernel on the parts of the tile each
 //!   vector of rows sees (`parts.rs`), as the f32 pass, and `P V` on those
 //!   parts re-cut at even keys (`Parts::paired`).
