@@ -592,7 +592,9 @@ mod pass {
                             c,
                             st.as_mut_ptr(),
                             &mut top,
-                            || ahead.issue(),
+                            // The pace counts one step per score kernel
+                            // call of mr(NV) keys: as many per 32 keys.
+                            || (0..32usize.div_ceil(mr(NV))).for_each(|_| ahead.issue()),
                         )
                     };
                 }
@@ -770,8 +772,8 @@ mod pass {
 
     /// `S^T` of one unmasked tile on the tile unit: for each 32 keys, the
     /// products over the query panel's columns, then (while in L1) each
-    /// score times `c`, each row's largest folded into `top`, and one
-    /// step of the prefetch pace (`issue`).
+    /// score times `c`, each row's largest folded into `top`, and the
+    /// prefetch pace's steps for those keys (`issue`).
     ///
     /// # Safety
     /// `k + j * ks + e` readable for `j < n`, `e < 2 * d2`; the panel `d2 x
