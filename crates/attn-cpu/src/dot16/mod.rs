@@ -770,10 +770,10 @@ mod pass {
         Some(sms)
     }
 
-    /// `S^T` of one unmasked tile on the tile unit: for each 32 keys, the
-    /// products over the query panel's columns, then (while in L1) each
-    /// score times `c`, each row's largest folded into `top`, and the
-    /// prefetch pace's steps for those keys (`issue`).
+    /// `S^T` of one whole tile (masked or not) on the tile unit: for each
+    /// 32 keys, the products over the query panel's columns, then (while
+    /// in L1) each score times `c`, each row's largest folded into `top`,
+    /// and the prefetch pace's steps for those keys (`issue`).
     ///
     /// # Safety
     /// `k + j * ks + e` readable for `j < n`, `e < 2 * d2`; the panel `d2 x
