@@ -150,13 +150,14 @@ impl Session {
         }
     }
 
-    /// `C (+)= A B` for 32 rows of `C` and `16 nt` columns (`nt` 1 or 2)
-    /// over `32 s` bf16 of A's rows (`s >= 1` steps):
+    /// `C (+)= A B` for 32 rows of `C` and `cols` columns (a multiple of
+    /// 16, taken 32 then 16 at a time) over `32 s` bf16 of A's rows
+    /// (`s >= 1` steps):
     /// - `a`: row `m` of A at `a + m * a_stride` bytes, `64 s` bytes of
     ///   bf16 each;
     /// - `b`: word `c` of B's row `k` (bf16 pair `k` of column `c`) at
-    ///   `b + k * b_stride + 4 c` bytes, `16 s` rows of `16 nt` words;
-    /// - `c`: f32 row `m` at `c + m * c_stride` bytes, `16 nt` floats;
+    ///   `b + k * b_stride + 4 c` bytes, `16 s` rows of `cols` words;
+    /// - `c`: f32 row `m` at `c + m * c_stride` bytes, `cols` floats;
     ///   read first when `add`, else overwritten.
     ///
     /// `C[m][j] (+)= sum_k A[m][2k] B[k][2j] + A[m][2k+1] B[k][2j+1]`.
@@ -171,19 +172,27 @@ impl Session {
         (b, b_stride): (*const u8, usize),
         s: usize,
         (c, c_stride): (*mut f32, usize),
-        nt: usize,
+        cols: usize,
         add: bool,
     ) {
-        assert!(s >= 1 && (1..=2).contains(&nt));
-        match self.unit {
-            // SAFETY: forwarded from the caller; the session configured the
-            // unit on this thread.
-            #[cfg(target_arch = "x86_64")]
-            Unit::Tiles => unsafe {
-                tiles((a, a_stride), (b, b_stride), s, (c, c_stride), nt, add)
-            },
-            // SAFETY: forwarded from the caller.
-            _ => unsafe { model((a, a_stride), (b, b_stride), s, (c, c_stride), nt, add) },
+        assert!(s >= 1 && cols.is_multiple_of(16));
+        let mut col = 0;
+        while col < cols {
+            let nt = if cols - col >= 32 { 2 } else { 1 };
+            // SAFETY: columns col..col + 16 nt <= cols of B and C, within the
+            // caller's extents.
+            let (b, c) = unsafe { (b.add(4 * col), c.add(col)) };
+            match self.unit {
+                // SAFETY: forwarded from the caller; the session configured
+                // the unit on this thread.
+                #[cfg(target_arch = "x86_64")]
+                Unit::Tiles => unsafe {
+                    tiles((a, a_stride), (b, b_stride), s, (c, c_stride), nt, add)
+                },
+                // SAFETY: forwarded from the caller.
+                _ => unsafe { model((a, a_stride), (b, b_stride), s, (c, c_stride), nt, add) },
+            }
+            col += 16 * nt;
         }
     }
 }
@@ -369,7 +378,13 @@ mod tests {
     /// every sum exact, so equality is the test.
     #[test]
     fn model_computes_the_pair_product() {
-        for (s, nt, add) in [(1, 1, false), (2, 2, true), (3, 2, false), (1, 2, true)] {
+        for (s, nt, add) in [
+            (1, 1, false),
+            (2, 2, true),
+            (3, 2, false),
+            (1, 2, true),
+            (2, 3, true),
+        ] {
             let (a_ld, b_ld, c_ld) = (16 * s + 3, 16 * nt + 5, 16 * nt + 2);
             let a = words(32 * a_ld, 1);
             let b = words(16 * s * b_ld, 2);
@@ -382,7 +397,7 @@ mod tests {
                     (b.as_ptr().cast(), 4 * b_ld),
                     s,
                     (c.as_mut_ptr(), 4 * c_ld),
-                    nt,
+                    16 * nt,
                     add,
                 )
             };
@@ -412,7 +427,13 @@ mod tests {
             eprintln!("skipped: this CPU or OS runs no AMX tiles");
             return;
         }
-        for (s, nt, add) in [(1, 1, false), (2, 2, true), (4, 2, false), (3, 1, true)] {
+        for (s, nt, add) in [
+            (1, 1, false),
+            (2, 2, true),
+            (4, 2, false),
+            (3, 1, true),
+            (2, 3, false),
+        ] {
             let (a_ld, b_ld, c_ld) = (16 * s + 3, 16 * nt + 5, 16 * nt + 2);
             let a = words(32 * a_ld, 3);
             let b = words(16 * s * b_ld, 4);
@@ -426,7 +447,7 @@ mod tests {
                         (b.as_ptr().cast(), 4 * b_ld),
                         s,
                         (c.as_mut_ptr(), 4 * c_ld),
-                        nt,
+                        16 * nt,
                         add,
                     )
                 };

@@ -724,16 +724,8 @@ mod pass {
                 }
                 // Parts: rescale the running output once, then add each
                 // part's pairs of keys on its vectors only.
-                for col in 0..dv {
-                    for (r, a) in alpha.iter().enumerate() {
-                        // SAFETY: col < dv and r < NV: 16 floats of this
-                        // item's dv x w output.
-                        unsafe {
-                            let o = out.add(col * w + r * LANES);
-                            (V16::load(o) * *a).store(o);
-                        }
-                    }
-                }
+                // SAFETY: this item's output is dv x w floats, w = NV * 16.
+                unsafe { rescale(out, dv, &alpha) };
                 for (keys, vecs) in pv_parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
                     assert!(keys.end <= n && vecs.end <= NV && keys.start.is_multiple_of(2));
                     let (i0, i1, nv) = (keys.start / 2, keys.end.div_ceil(2), vecs.len());
@@ -797,19 +789,14 @@ mod pass {
         unsafe {
             let cv = _mm512_set1_ps(c);
             for j in (0..n).step_by(32) {
-                let mut col = 0;
-                while col < w {
-                    let nt = if w - col >= 32 { 2 } else { 1 };
-                    unit.mul(
-                        (k.add(j * ks).cast(), 2 * ks),
-                        (qp.add(col).cast(), 4 * w),
-                        d2 / 16,
-                        (st.add(j * w + col), 4 * w),
-                        nt,
-                        false,
-                    );
-                    col += 16 * nt;
-                }
+                unit.mul(
+                    (k.add(j * ks).cast(), 2 * ks),
+                    (qp.cast(), 4 * w),
+                    d2 / 16,
+                    (st.add(j * w), 4 * w),
+                    w,
+                    false,
+                );
                 for r in (0..w).step_by(LANES) {
                     let mut mx = _mm512_loadu_ps(top.as_ptr().add(r));
                     for jj in j..j + 32 {
@@ -852,26 +839,37 @@ mod pass {
                 .iter()
                 .all(|a| _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a.0, one) == 0xffff);
             if !ones {
-                for col in 0..dv {
-                    for (r, a) in alpha.iter().enumerate() {
-                        let o = out.add(col * w + r * LANES);
-                        _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), a.0));
-                    }
-                }
+                rescale(out, dv, alpha);
             }
             for c0 in (0..dv).step_by(32) {
-                let mut col = 0;
-                while col < w {
-                    let nt = if w - col >= 32 { 2 } else { 1 };
-                    unit.mul(
-                        (vt.add(c0 * n2).cast(), 4 * n2),
-                        (pp.add(col).cast(), 4 * w),
-                        n2 / 16,
-                        (out.add(c0 * w + col), 4 * w),
-                        nt,
-                        true,
-                    );
-                    col += 16 * nt;
+                unit.mul(
+                    (vt.add(c0 * n2).cast(), 4 * n2),
+                    (pp.cast(), 4 * w),
+                    n2 / 16,
+                    (out.add(c0 * w), 4 * w),
+                    w,
+                    true,
+                );
+            }
+        }
+    }
+
+    /// Multiplies the running output (`dv` rows of `alpha.len() * 16`
+    /// floats) by each row's rescale factor.
+    ///
+    /// # Safety
+    /// `out..out + dv * alpha.len() * 16` readable and writable; the CPU
+    /// runs AVX-512 F.
+    #[inline(always)]
+    unsafe fn rescale(out: *mut f32, dv: usize, alpha: &[V16]) {
+        let w = alpha.len() * LANES;
+        for col in 0..dv {
+            for (r, a) in alpha.iter().enumerate() {
+                // SAFETY: col < dv and r < alpha.len(): 16 floats within the
+                // caller's extent.
+                unsafe {
+                    let o = out.add(col * w + r * LANES);
+                    (V16::load(o) * *a).store(o);
                 }
             }
         }
