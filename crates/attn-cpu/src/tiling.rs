@@ -58,11 +58,11 @@ pub struct Ctx<'a, T> {
     /// instead, so a finite score never passes through an infinite query.
     pub post_scale: Option<f32>,
     /// Whether prefill blocks run the bf16 dot-product path (`dot16/`):
-    /// bf16 inputs on the `avx512bf16` level (set by [`Ctx::on`]).
+    /// bf16 inputs on the `avx512bf16` level or above (set by [`Ctx::on`]).
     pub dot16: bool,
-    /// What multiplies the bf16 pass's unmasked tiles instead of
-    /// `vdpbf16ps`, if anything (`dot16/amx.rs`): the AMX tiles on the
-    /// `amx` level (set by [`Ctx::on`]), or their model in tests.
+    /// What multiplies the bf16 pass's tiles of a multiple of 32 keys
+    /// instead of `vdpbf16ps`, if anything (`dot16/amx.rs`): the AMX tiles
+    /// on the `amx` level (set by [`Ctx::on`]), or their model in tests.
     pub tiles: Option<crate::dot16::amx::Unit>,
 }
 
