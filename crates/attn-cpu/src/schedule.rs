@@ -265,7 +265,8 @@ fn sorted_blocks(p: &attn_spec::Problem) -> Vec<Item> {
             .sum::<u64>()
             * it.nh as u64
     };
-    blocks.sort_by_key(|it| (it.b, it.kvh, std::cmp::Reverse(cost(it))));
+    // Each block's cost is computed once (it walks the block's rows).
+    blocks.sort_by_cached_key(|it| (it.b, it.kvh, std::cmp::Reverse(cost(it))));
     blocks
 }
 
