@@ -17,10 +17,17 @@ pub trait CpuElement: Element {
     /// # Safety
     /// `p..p+16` must be readable elements.
     unsafe fn load16<V: Vector>(p: *const Self) -> V;
-    /// The pointer as f32 when this type is f32 (results then go out as
-    /// whole vectors).
-    fn f32_ptr(_p: *mut Self) -> Option<*mut f32> {
-        None
+    /// Stores the 16 lanes of `v` at `p` (unaligned), each rounded once to
+    /// this type, bit for bit as [`CpuElement::store_scaled`] with factor
+    /// 1: how whole output vectors go out. One by one by default.
+    ///
+    /// # Safety
+    /// `p..p+16` must be writable elements.
+    #[inline(always)]
+    unsafe fn store16<V: Vector>(p: *mut Self, v: V) {
+        // SAFETY: the caller guarantees 16 writable elements at `p`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(p, 16) };
+        Self::store_scaled(&v.to_array(), 1.0, dst);
     }
     /// Stores `src * f` into `dst` (same length), rounding once.
     fn store_scaled(src: &[f32], f: f32, dst: &mut [Self]);
@@ -43,8 +50,10 @@ impl CpuElement for f32 {
         // SAFETY: the caller guarantees 16 readable f32 at `p`.
         unsafe { V::load(p) }
     }
-    fn f32_ptr(p: *mut f32) -> Option<*mut f32> {
-        Some(p)
+    #[inline(always)]
+    unsafe fn store16<V: Vector>(p: *mut f32, v: V) {
+        // SAFETY: the caller guarantees 16 writable f32 at `p`.
+        unsafe { v.store(p) }
     }
     fn store_scaled(src: &[f32], f: f32, dst: &mut [f32]) {
         for (d, &s) in dst.iter_mut().zip(src) {
@@ -118,6 +127,11 @@ impl CpuElement for bf16 {
     unsafe fn load16<V: Vector>(p: *const bf16) -> V {
         // SAFETY: the caller guarantees 16 readable elements at `p`.
         unsafe { V::load_bf16(p) }
+    }
+    #[inline(always)]
+    unsafe fn store16<V: Vector>(p: *mut bf16, v: V) {
+        // SAFETY: the caller guarantees 16 writable elements at `p`.
+        unsafe { v.store_bf16(p) }
     }
     fn store_scaled(src: &[f32], f: f32, dst: &mut [bf16]) {
         for (d, &s) in dst.iter_mut().zip(src) {

@@ -222,6 +222,17 @@ unsafe impl Vector for V16 {
         }
     }
     #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut bf16) {
+        // SAFETY: the caller guarantees 16 writable elements (32 bytes) at
+        // `p`; the CPU runs AVX2. Each half rounded (`round_bf16`), then packed to 16 bits (the values fit: no
+        // saturation) and the 64-bit quarters put back in order.
+        unsafe {
+            let packed = _mm256_packus_epi32(round_bf16(self.0), round_bf16(self.1));
+            let ordered = _mm256_permute4x64_epi64::<0b11_01_10_00>(packed);
+            _mm256_storeu_si256(p.cast(), ordered);
+        }
+    }
+    #[inline(always)]
     fn to_array(self) -> [f32; 16] {
         let mut a = [0.0f32; 16];
         // SAFETY: 16 writable f32 in `a`.
@@ -339,5 +350,27 @@ unsafe impl Vector for V16 {
             s[i] = unsafe { _mm256_add_ps(m[i].0, m[i].1) };
         }
         V16(reduce8(&s[..8]), reduce8(&s[8..]))
+    }
+}
+
+/// Eight f32 rounded to bf16 as `bf16::from_f32` does, each in the low 16
+/// bits of its lane: adding 0x7fff plus the bit that is kept last rounds to
+/// nearest even at bit 16 (carrying into the exponent, and to infinity);
+/// NaN lanes keep their top half with the quiet bit set.
+#[inline(always)]
+fn round_bf16(v: __m256) -> __m256i {
+    // SAFETY: a V16 of this level exists only on CPUs with AVX2 (the
+    // `Vector` contract), whose code this inlines into.
+    unsafe {
+        let x = _mm256_castps_si256(v);
+        let top = _mm256_srli_epi32::<16>(x);
+        let lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
+        let up = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb);
+        let nan = _mm256_cmpgt_epi32(
+            _mm256_and_si256(x, _mm256_set1_epi32(0x7fff_ffff)),
+            _mm256_set1_epi32(0x7f80_0000),
+        );
+        let quiet = _mm256_or_si256(top, _mm256_set1_epi32(0x40));
+        _mm256_blendv_epi8(_mm256_srli_epi32::<16>(up), quiet, nan)
     }
 }

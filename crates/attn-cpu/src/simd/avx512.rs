@@ -186,6 +186,27 @@ unsafe impl Vector for V16 {
         }
     }
     #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut bf16) {
+        // SAFETY: the caller guarantees 16 writable elements (32 bytes) at
+        // `p`. Rounded in the integer unit: adding 0x7fff plus the bit
+        // that is kept last rounds to nearest even at bit 16 (carrying into
+        // the exponent, and to infinity); NaN lanes keep their top half with
+        // the quiet bit set.
+        unsafe {
+            let x = _mm512_castps_si512(self.0);
+            let top = _mm512_srli_epi32::<16>(x);
+            let lsb = _mm512_and_si512(top, _mm512_set1_epi32(1));
+            let up = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb);
+            let nan = _mm512_cmpgt_epi32_mask(
+                _mm512_and_si512(x, _mm512_set1_epi32(0x7fff_ffff)),
+                _mm512_set1_epi32(0x7f80_0000),
+            );
+            let quiet = _mm512_or_si512(top, _mm512_set1_epi32(0x40));
+            let r = _mm512_mask_mov_epi32(_mm512_srli_epi32::<16>(up), nan, quiet);
+            _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(r));
+        }
+    }
+    #[inline(always)]
     unsafe fn load4x4<E: attn_spec::Element>(p: *const E) -> Self {
         // SAFETY: the caller guarantees 4 readable elements at `p` (16
         // bytes of f32, 8 of f16 or bf16); the CPU runs AVX-512 F and BW.

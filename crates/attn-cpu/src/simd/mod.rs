@@ -113,6 +113,19 @@ pub unsafe trait Vector:
     /// # Safety
     /// `p..p+16` must be readable.
     unsafe fn load_bf16(p: *const bf16) -> Self;
+    /// Rounds each lane to bf16 exactly as `bf16::from_f32` does (to
+    /// nearest, ties to even; overflow to infinity; NaN kept, quieted) and
+    /// stores the 16 results at `p` (unaligned). One by one by default.
+    ///
+    /// # Safety
+    /// `p..p+16` must be writable.
+    #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut bf16) {
+        for (i, x) in self.to_array().into_iter().enumerate() {
+            // SAFETY: i < 16 and the caller's guarantee.
+            unsafe { p.add(i).write_unaligned(bf16::from_f32(x)) };
+        }
+    }
     /// Loads 4 elements at `p`, widened and repeated in each quarter of
     /// the vector (`[x0, x1, x2, x3, x0, ..]`). One by one by default.
     ///
@@ -493,6 +506,46 @@ mod tests {
         for i in 0..16 {
             assert_eq!(hv.to_array()[i], h[i + 1].to_f32(), "{isa:?} f16 {i}");
             assert_eq!(bv.to_array()[i], b[i + 1].to_f32(), "{isa:?} bf16 {i}");
+        }
+        // Rounding to bf16: bit for bit `bf16::from_f32` on ties (to even,
+        // both ways), sticky bits, carries into the exponent and to
+        // infinity, subnormals, infinities, NaN payloads and signs, and a
+        // sweep of bit patterns.
+        let special = [
+            f32::from_bits(0x3f80_8000), // tie, even below: down
+            f32::from_bits(0x3f81_8000), // tie, odd below: up
+            f32::from_bits(0x3f80_8001), // above the tie: up
+            f32::from_bits(0x3f80_7fff), // below the tie: down
+            f32::from_bits(0x3fff_ffff), // carries into the exponent
+            f32::MAX,                    // rounds to infinity
+            f32::from_bits(0x0000_8001), // subnormal, rounds up
+            f32::from_bits(0x807f_ffff), // -subnormal, carries to the normal
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(0x7f80_0001), // signalling NaN: quieted
+            f32::from_bits(0xffa1_2345), // negative NaN with a payload
+            -0.0,
+            0.0,
+            -1.000_000_1,
+        ];
+        let sweep = (0..4096u32).map(|i| f32::from_bits(i.wrapping_mul(0x9e37_79b9)));
+        let xs: Vec<f32> = special.into_iter().chain(sweep).collect();
+        for chunk in xs.chunks(16) {
+            let mut a = [0.0f32; 16];
+            a[..chunk.len()].copy_from_slice(chunk);
+            let mut out = [bf16::ZERO; 17];
+            // SAFETY: 16 elements from index 1 of 17.
+            unsafe { V::from(a).store_bf16(out.as_mut_ptr().add(1)) };
+            for i in 0..16 {
+                let want = bf16::from_f32(a[i]).to_bits();
+                assert_eq!(
+                    out[i + 1].to_bits(),
+                    want,
+                    "{isa:?} {:#010x}",
+                    a[i].to_bits()
+                );
+            }
         }
         // SAFETY: 4 elements from index 2 of 17.
         let (q32, q16, qb) = unsafe {
