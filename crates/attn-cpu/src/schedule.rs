@@ -57,6 +57,11 @@ impl<T: CpuElement> Sink<T> {
         }
     }
 
+    /// Whether the caller asked for the log-sum-exp.
+    pub fn keeps_lse(&self) -> bool {
+        !self.lse.is_null()
+    }
+
     /// Address of output row `(b, pos, h)`, for prefetching only (never
     /// dereferenced).
     pub fn row_addr(&self, ctx: &Ctx<'_, T>, (b, pos, h): (usize, usize, usize)) -> usize {
@@ -233,8 +238,17 @@ fn run_and_write<V: Vector, T: CpuElement>(
         let dv = ctx.p.shape.head_dim_v;
         let sms = V::run_items::<T, NV>(ctx, unit, ws);
         for (i, (it, sm)) in unit.iter().zip(&sms).enumerate() {
+            // Without a log-sum-exp to store, only the factors (the lse
+            // slot, never read, is NaN).
+            let keep_lse = sink.keeps_lse();
             let fin: Vec<(f32, f32)> = (0..it.rows())
-                .map(|r| sm.finish(r, sinks.map(|v| v[it.row(r).1])))
+                .map(|r| {
+                    let s = sinks.map(|v| v[it.row(r).1]);
+                    match keep_lse {
+                        true => sm.finish(r, s),
+                        false => (sm.factor(r, s), f32::NAN),
+                    }
+                })
                 .collect();
             sink.write_block::<V>(ctx, it, (&ws.ot[i * dv * w..(i + 1) * dv * w], w), &fin);
         }

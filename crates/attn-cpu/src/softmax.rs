@@ -157,6 +157,20 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
         let l = self.l[r / LANES].to_array()[r % LANES];
         finish_row(m, l, sink)
     }
+
+    /// The factor of [`OnlineSoftmax::finish`] alone, for callers that
+    /// store no log-sum-exp (it spares a logarithm per row).
+    #[inline(always)]
+    pub fn factor(&self, r: usize, sink: Option<f32>) -> f32 {
+        let m = self.m[r / LANES].to_array()[r % LANES];
+        let l = self.l[r / LANES].to_array()[r % LANES];
+        let (scale_o, _, l) = with_sink(m, l, sink);
+        if l <= 0.0 {
+            0.0
+        } else {
+            scale_o / l
+        }
+    }
 }
 
 impl<V: Vector, const NV: usize> Default for OnlineSoftmax<V, NV> {
@@ -167,6 +181,20 @@ impl<V: Vector, const NV: usize> Default for OnlineSoftmax<V, NV> {
 
 /// [`OnlineSoftmax::finish`] for one row's `m` (base 2) and `l`.
 pub fn finish_row(m: f32, l: f32, sink: Option<f32>) -> (f32, f32) {
+    let (scale_o, m, l) = with_sink(m, l, sink);
+    if l <= 0.0 {
+        // No visible key and no sink (a NaN l falls through and propagates).
+        return (0.0, f32::NEG_INFINITY);
+    }
+    let factor = scale_o / l;
+    let lse = (m + l.log2()) * std::f32::consts::LN_2;
+    (factor, lse)
+}
+
+/// A row's `m` and `l` with the sink logit (natural units) folded in, and
+/// the factor the running output takes for it: `(scale_o, m, l)`.
+#[inline(always)]
+fn with_sink(m: f32, l: f32, sink: Option<f32>) -> (f32, f32, f32) {
     let (mut m, mut l) = (m, l);
     let mut scale_o = 1.0f32;
     if let Some(s) = sink {
@@ -185,13 +213,7 @@ pub fn finish_row(m: f32, l: f32, sink: Option<f32>) -> (f32, f32) {
         scale_o = a;
         m = mf;
     }
-    if l <= 0.0 {
-        // No visible key and no sink (a NaN l falls through and propagates).
-        return (0.0, f32::NEG_INFINITY);
-    }
-    let factor = scale_o / l;
-    let lse = (m + l.log2()) * std::f32::consts::LN_2;
-    (factor, lse)
+    (scale_o, m, l)
 }
 
 #[cfg(test)]
@@ -238,6 +260,9 @@ mod tests {
         assert!(t1 == u1 && t2 == u2);
         for r in 0..ROWS {
             assert_eq!(a.finish(r, None), b.finish(r, None));
+            for sink in [None, Some(0.75)] {
+                assert_eq!(a.factor(r, sink), a.finish(r, sink).0);
+            }
         }
         for r in 0..ROWS {
             let (_, lse) = a.finish(r, None);
