@@ -237,10 +237,10 @@ fn run_and_write<V: Vector, T: CpuElement>(
         let w = NV * LANES;
         let dv = ctx.p.shape.head_dim_v;
         let sms = V::run_items::<T, NV>(ctx, unit, ws);
+        // Without a log-sum-exp to store, only the factors (the lse slot,
+        // never read, is NaN).
+        let keep_lse = sink.keeps_lse();
         for (i, (it, sm)) in unit.iter().zip(&sms).enumerate() {
-            // Without a log-sum-exp to store, only the factors (the lse
-            // slot, never read, is NaN).
-            let keep_lse = sink.keeps_lse();
             let fin: Vec<(f32, f32)> = (0..it.rows())
                 .map(|r| {
                     let s = sinks.map(|v| v[it.row(r).1]);

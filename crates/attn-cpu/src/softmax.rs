@@ -153,8 +153,7 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     /// factor 0 and lse `-inf`.
     #[inline(always)]
     pub fn finish(&self, r: usize, sink: Option<f32>) -> (f32, f32) {
-        let m = self.m[r / LANES].to_array()[r % LANES];
-        let l = self.l[r / LANES].to_array()[r % LANES];
+        let (m, l) = self.row(r);
         finish_row(m, l, sink)
     }
 
@@ -162,14 +161,20 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     /// store no log-sum-exp (it spares a logarithm per row).
     #[inline(always)]
     pub fn factor(&self, r: usize, sink: Option<f32>) -> f32 {
-        let m = self.m[r / LANES].to_array()[r % LANES];
-        let l = self.l[r / LANES].to_array()[r % LANES];
+        let (m, l) = self.row(r);
         let (scale_o, _, l) = with_sink(m, l, sink);
         if l <= 0.0 {
             0.0
         } else {
             scale_o / l
         }
+    }
+
+    /// Row `r`'s running maximum and sum.
+    #[inline(always)]
+    fn row(&self, r: usize) -> (f32, f32) {
+        let (v, lane) = (r / LANES, r % LANES);
+        (self.m[v].to_array()[lane], self.l[v].to_array()[lane])
     }
 }
 
