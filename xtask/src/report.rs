@@ -263,6 +263,29 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
     if !any {
         let _ = writeln!(s, "(no baseline timings in this run)");
     }
+    let twins = narrow_twins(records);
+    if !twins.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n## bf16 and f16 against attn-cpu's own f32 (same shape, same run, same threads)\n"
+        );
+        let _ = writeln!(
+            s,
+            "| case | threads | GFLOP/s | f32 case | its GFLOP/s | ratio |\n|---|---|---|---|---|---|"
+        );
+        for (r, f) in twins {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.1} | {} | {:.1} | {:.2}x |",
+                r.case.name,
+                r.threads,
+                r.gflops(),
+                f.case.name,
+                f.gflops(),
+                f.median / r.median
+            );
+        }
+    }
     if let Some(mem) = memory {
         let _ = writeln!(
             s,
@@ -271,6 +294,32 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
         );
     }
     s
+}
+
+/// attn-cpu's forward rows on 16-bit inputs, each with the f32 row of the
+/// same shape, mask and thread count in the same run (the measure
+/// of what the 16-bit kernels gain over f32).
+pub fn narrow_twins(records: &[Record]) -> Vec<(&Record, &Record)> {
+    let shape = |c: &BenchCase| {
+        (
+            (c.batch, c.q_heads, c.kv_heads),
+            (c.q_len, c.kv_len, c.head_dim),
+            format!("{:?}", c.mask),
+        )
+    };
+    records
+        .iter()
+        .filter(|r| r.backend == "cpu" && r.case.dtype != attn_spec::DType::F32)
+        .filter_map(|r| {
+            let twin = records.iter().find(|f| {
+                f.backend == "cpu"
+                    && f.threads == r.threads
+                    && f.case.dtype == attn_spec::DType::F32
+                    && shape(&f.case) == shape(&r.case)
+            })?;
+            Some((r, twin))
+        })
+        .collect()
 }
 
 /// A duration in the most readable unit.
@@ -303,6 +352,46 @@ mod tests {
             checked: true,
             check_note: String::new(),
         }
+    }
+
+    fn markdown_for_test(rows: &[Record]) -> String {
+        let m = Machine {
+            cores: 2,
+            peak_1: 100.0,
+            peak_all: 200.0,
+            bw_1: 10.0,
+            bw_all: 20.0,
+            read: (10.0, 20.0),
+            facts: json!({}),
+        };
+        markdown(&m, rows, &[], None)
+    }
+
+    #[test]
+    fn sixteen_bit_rows_meet_their_f32_twins() {
+        let rows = [
+            record("prefill/s512-d64", "cpu", 1, 2.0),
+            record("prefill/s512-d64", "cpu", 2, 1.0),
+            record("prefill/s512-d64-bf16", "cpu", 1, 1.0),
+            record("prefill/s512-d64-bf16", "cpu", 2, 0.6),
+            record("prefill/s512-d64-bf16", "torch-sdpa", 1, 3.0),
+            // Same dtype, other mask: not a twin of the unmasked rows.
+            record("prefill/s512-d64-causal-bf16", "cpu", 1, 0.5),
+        ];
+        let twins = narrow_twins(&rows);
+        let got: Vec<_> = twins
+            .iter()
+            .map(|(r, f)| (r.case.name, r.threads, f.case.name, f.threads))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("prefill/s512-d64-bf16", 1, "prefill/s512-d64", 1),
+                ("prefill/s512-d64-bf16", 2, "prefill/s512-d64", 2)
+            ]
+        );
+        let md = markdown_for_test(&rows);
+        assert!(md.contains("| prefill/s512-d64-bf16 | 1 |") && md.contains("| 2.00x |"));
     }
 
     #[test]
