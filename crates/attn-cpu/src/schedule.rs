@@ -503,12 +503,30 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
                 }
             }
             let k = units.partition_point(|u| u.start < at.end);
-            for next in units.get(k).map_or(&[][..], |u| &blocks[u.clone()]) {
+            let next = units.get(k).map_or(&[][..], |u| &blocks[u.clone()]);
+            for next in next {
                 for r in 0..next.rows() {
                     let (pos, h) = next.row(r);
                     let at = p.q.index([next.b, pos, h, 0]).min(ctx.q.len());
                     let addr = ctx.q[at..].as_ptr() as usize;
                     ws.ahead.push(addr, dk * size_of::<T>(), Hint::L2);
+                }
+            }
+            // A unit of another head starts on K and V rows no pass of this
+            // thread has read: its first tile is asked for too.
+            if let Some(n) = next
+                .first()
+                .filter(|n| (n.b, n.kvh) != (unit[0].b, unit[0].kvh))
+            {
+                let span = p.seq_mask(n.b).kv_span(n.positions());
+                let j0 = span.start.max(n.keys.start);
+                let j1 = span.end.min(n.keys.end).min(j0 + crate::blocking::KEYS);
+                for j in j0..j1 {
+                    for (src, view, d) in [(ctx.k, &p.k, dk), (ctx.v, &p.v, dv)] {
+                        let at = view.index([n.b, j, n.kvh, 0]).min(src.len());
+                        ws.ahead
+                            .push(src[at..].as_ptr() as usize, d * size_of::<T>(), Hint::L2);
+                    }
                 }
             }
             let op = UnitOp {
