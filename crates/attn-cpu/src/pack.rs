@@ -392,11 +392,12 @@ impl RowStream {
 }
 
 /// Rows a block asks for a few at a time while it computes: the next
-/// block's query rows (read, into L2) and this block's output rows
-/// (written, asked for in a writable state). Both would otherwise be
-/// fetched on demand, row after row, by `pack_q` and the final write: a
-/// fixed cost of every block that a causal block, with half the keys,
-/// pays twice over relative to its arithmetic.
+/// block's query rows (read, into L2), the first K and V tile of the next
+/// block when it starts another head, and this block's output rows
+/// (written, asked for in a writable state). They would otherwise be
+/// fetched on demand, row after row, by `pack_q`, the first tile and the
+/// final write: a fixed cost of every block (or head) that a causal block,
+/// with half the keys, pays twice over relative to its arithmetic.
 #[derive(Debug, Default)]
 pub struct Ahead {
     /// Start address, 64-byte lines, and how to ask for them.
