@@ -50,6 +50,13 @@ pub enum Unit {
 
 /// Whether this CPU and OS run AMX-BF16 tiles (detected and, on Linux,
 /// permitted once per process).
+///
+/// Linux refuses the permission (so this is false for the life of the
+/// process) when a thread already has an alternate signal stack too small
+/// for the tile state's signal frame (a C library's fixed 8 KiB
+/// `sigaltstack`, say; Rust's own are sized from `AT_MINSIGSTKSZ`), and
+/// once granted it refuses such stacks afterwards: see the kernel's
+/// `Documentation/arch/x86/xstate.rst`.
 pub fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(detect)
