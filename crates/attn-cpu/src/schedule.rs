@@ -504,10 +504,10 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
             }
             let k = units.partition_point(|u| u.start < at.end);
             let next = units.get(k).map_or(&[][..], |u| &blocks[u.clone()]);
-            for next in next {
-                for r in 0..next.rows() {
-                    let (pos, h) = next.row(r);
-                    let at = p.q.index([next.b, pos, h, 0]).min(ctx.q.len());
+            for it in next {
+                for r in 0..it.rows() {
+                    let (pos, h) = it.row(r);
+                    let at = p.q.index([it.b, pos, h, 0]).min(ctx.q.len());
                     let addr = ctx.q[at..].as_ptr() as usize;
                     ws.ahead.push(addr, dk * size_of::<T>(), Hint::L2);
                 }
