@@ -266,14 +266,20 @@ fn bf16_values_out_of_the_dot_product_range_fall_back() {
         .unwrap();
     let f32_pass = Cpu::with_threads(1).unwrap().with_isa(Isa::Avx512).unwrap();
     let shape = Shape::new(1, 2, 2, 300, 700, 64);
-    // (tensor, position, value): row i sees keys up to 400 + i (causal,
-    // bottom-right), so rows 200.. meet key 600 and every row key 300.
+    // (tensor, position, value, rows whose pass meets it): row i sees keys
+    // up to 400 + i (causal, bottom-right), so rows 200.. meet key 600 (the
+    // first of a pair of value rows; 601 the second), every row key 300 (in
+    // a key tile no row's mask cuts: checked beside the score kernels) and
+    // rows 250.. key 650 (in the diagonal tile, cut into parts); a query
+    // row's pass is its block's.
     let cases = [
-        ("v", 600, 1e-39f32),
-        ("k", 300, 2f32.powi(60)),
-        ("q", 290, 1e-30),
+        ("v", 600, 1e-39f32, 200..300),
+        ("v", 601, 1e-39, 201..300),
+        ("k", 300, 2f32.powi(60), 200..300),
+        ("k", 650, 2f32.powi(60), 250..300),
+        ("q", 290, 1e-30, 256..300),
     ];
-    for (tensor, pos, x) in cases {
+    for (tensor, pos, x, met) in cases {
         let mut params = CaseParams::plain(shape);
         params.dtype = DType::Bf16;
         params.options = AttnOptions::default().causal().with_lse();
@@ -298,7 +304,6 @@ fn bf16_values_out_of_the_dot_product_range_fall_back() {
             let at = case.problem.out.index([0, i, h, 0]);
             o[at..at + 64].to_vec()
         };
-        let met = if tensor == "q" { 256..300 } else { 200..300 };
         for i in met {
             assert_eq!(row(&a, i, 0), row(&b, i, 0), "{tensor}: head 0 row {i}");
         }
