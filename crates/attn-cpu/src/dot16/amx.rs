@@ -467,4 +467,85 @@ mod tests {
             );
         }
     }
+
+    /// The instructions on sums that round, against the f64 sum, where the
+    /// CPU has them, and the model everywhere (one order the bound must
+    /// admit too): the manual leaves the order of the roundings of a
+    /// `tdpbf16ps` open, so the bound is the worst case of any order. Each
+    /// product of two bf16 is exact in f32; every output is `C` plus `32 s`
+    /// of them, summed with at most `32 s + 1` roundings of relative size
+    /// `u = 2^-24` on partial sums no larger than `|C| + sum |x y|`, so the
+    /// error is at most `gamma(32 s + 1) (|C| + sum |x y|)` (Higham,
+    /// *Accuracy and Stability of Numerical Algorithms*, 3.1). Values of
+    /// magnitude 2^-8 to 4 keep every input, product and sum normal.
+    #[test]
+    fn tiles_round_within_the_sum_bound() {
+        let units = if available() {
+            vec![Unit::Model, Unit::Tiles]
+        } else {
+            eprintln!("tiles skipped: this CPU or OS runs no AMX tiles; the model only");
+            vec![Unit::Model]
+        };
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mag = 2f32.powf((x >> 40) as f32 / (1u64 << 24) as f32 * 10.0 - 8.0);
+            let v = if x & 1 == 1 { -mag } else { mag };
+            bf16::from_f32(v).to_bits() as u32
+        };
+        for (unit, (s, nt, add)) in units
+            .into_iter()
+            .flat_map(|u| [(u, (1, 1, false)), (u, (4, 2, true)), (u, (3, 3, true))])
+        {
+            let (a_ld, b_ld, c_ld) = (16 * s, 16 * nt, 16 * nt);
+            let a: Vec<u32> = (0..32 * a_ld).map(|_| next() | next() << 16).collect();
+            let b: Vec<u32> = (0..16 * s * b_ld).map(|_| next() | next() << 16).collect();
+            let c0: Vec<f32> = (0..32 * c_ld)
+                .map(|_| bf16::from_bits(next() as u16).to_f32())
+                .collect();
+            let mut c = c0.clone();
+            // SAFETY: the extents of `mul` within the three buffers.
+            unsafe {
+                Session::new(unit).mul(
+                    (a.as_ptr().cast(), 4 * a_ld),
+                    (b.as_ptr().cast(), 4 * b_ld),
+                    s,
+                    (c.as_mut_ptr(), 4 * c_ld),
+                    16 * nt,
+                    add,
+                )
+            };
+            let f = |w: u32, hi: bool| {
+                f64::from(bf16::from_bits((w >> (16 * hi as u32)) as u16).to_f32())
+            };
+            let n = (32 * s + 1) as f64;
+            let u = f64::from(f32::EPSILON) / 2.0;
+            let gamma = n * u / (1.0 - n * u);
+            for m in 0..32 {
+                for j in 0..16 * nt {
+                    let c_in = if add {
+                        f64::from(c0[m * c_ld + j])
+                    } else {
+                        0.0
+                    };
+                    let (mut want, mut size) = (c_in, c_in.abs());
+                    for k in 0..16 * s {
+                        let (x, y) = (a[m * a_ld + k], b[k * b_ld + j]);
+                        for hi in [false, true] {
+                            want += f(x, hi) * f(y, hi);
+                            size += (f(x, hi) * f(y, hi)).abs();
+                        }
+                    }
+                    let err = (f64::from(c[m * c_ld + j]) - want).abs();
+                    assert!(
+                        err <= gamma * size,
+                        "{unit:?} s {s} nt {nt} add {add}: C[{m}][{j}] off by {err:e}, bound {:e}",
+                        gamma * size
+                    );
+                }
+            }
+        }
+    }
 }
