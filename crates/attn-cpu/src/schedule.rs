@@ -148,6 +148,21 @@ impl<T: CpuElement> Sink<T> {
                 // (a third faster than the loop below for f32, timed with
                 // the cycle counter on S = 512 causal; for bf16 the loop's
                 // scalar rounding was 4% of an S = 512 causal call).
+                #[cfg(target_arch = "x86_64")]
+                if T::DTYPE == attn_spec::DType::Bf16 && ctx.dot16 {
+                    let f: [f32; LANES] = std::array::from_fn(|i| fin[r0 + i].0);
+                    // bf16 rows on a level with AVX512_BF16 (`ctx.dot16`):
+                    // rounded and transposed in pairs of columns.
+                    let dst = base.map(|at| self.out.wrapping_add(at).cast::<u16>());
+                    // SAFETY: O^T holds dv x w floats and r0 + 16 <= w
+                    // (asserted above); each row's dv elements are inside
+                    // the output (asserted per row) and no other item
+                    // writes them; T is bf16, two bytes of bits; the CPU
+                    // runs AVX512_BF16 (`dot16::applies`).
+                    c0 = unsafe {
+                        crate::dot16::write_rows_bf16(ot[r0..].as_ptr(), w, &f, &dst, dv)
+                    };
+                }
                 let mut f = [V::ZERO; LANES];
                 for (x, fi) in f.iter_mut().zip(&fin[r0..r0 + LANES]) {
                     *x = V::splat(fi.0);

@@ -141,6 +141,64 @@ mod tests {
     use super::*;
     use attn_spec::bf16;
 
+    /// The bf16 output write rounds each scaled value as `bf16::from_f32`
+    /// does (ties to even included), stops before 32 columns that hold a
+    /// NaN or a subnormal, and writes nothing past the columns it reports.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn bf16_rows_round_as_from_f32_and_stop_before_nan_or_subnormal() {
+        if !Isa::Avx512Bf16.supported() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        let (dv, w) = (100, 32);
+        // (column, row, value) put into O^T, and the columns written.
+        let cases = [
+            (None, 96),
+            (Some((40, 3, f32::NAN)), 32),
+            (Some((70, 15, 1e-39)), 64),
+            (Some((5, 0, -f32::NAN)), 0),
+            (Some((97, 2, f32::NAN)), 96),
+        ];
+        for (odd, want) in cases {
+            // Values of every size and sign, some halfway between two bf16
+            // (1 + 2^-8 times a power of two: a tie) and some just off it.
+            let mut ot: Vec<f32> = (0..dv * w)
+                .map(|i| {
+                    let x = ((i * 2_654_435_761) % 1_000_003) as f32 / 1_000_003.0 - 0.5;
+                    match i % 5 {
+                        0 => (1.0 + 2f32.powi(-8)) * 2f32.powi((i % 40) as i32 - 20),
+                        1 => (1.0 + 3.0 * 2f32.powi(-8)) * -2f32.powi((i % 7) as i32),
+                        _ => x * 2f32.powi((i % 60) as i32 - 30),
+                    }
+                })
+                .collect();
+            if let Some((c, r, x)) = odd {
+                ot[c * w + r] = x;
+            }
+            let f: [f32; 16] = std::array::from_fn(|i| [1.0, 0.5, 0.37, 2.0][i % 4]);
+            let mut out = vec![0xdeadu16; 16 * dv];
+            let dst: [*mut u16; 16] = std::array::from_fn(|i| out[i * dv..].as_mut_ptr());
+            // SAFETY: O^T holds dv x w floats, the rows 16 x dv words; the
+            // CPU runs the level (checked above).
+            let got = unsafe { write_rows_bf16(ot.as_ptr(), w, &f, &dst, dv) };
+            assert_eq!(got, want, "{odd:?}");
+            for i in 0..16 {
+                for c in 0..dv {
+                    let at = out[i * dv + c];
+                    match c < got {
+                        true => assert_eq!(
+                            at,
+                            bf16::from_f32(ot[c * w + i] * f[i]).to_bits(),
+                            "{odd:?}: row {i} column {c}"
+                        ),
+                        false => assert_eq!(at, 0xdead, "{odd:?}: row {i} column {c} written"),
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn fits_takes_zero_and_magnitudes_from_2_pow_minus_64_below_2_pow_57() {
         let yes = [
@@ -295,7 +353,7 @@ mod tests {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use pass::run_items;
+pub use pass::{run_items, write_rows_bf16};
 
 /// `C = A B` on bf16 pairs (`kernels::gemm_pairs`, which states the
 /// layout): the backward pass's products for bf16 inputs on the
@@ -1025,6 +1083,57 @@ mod pass {
             let e = _mm512_and_si512(_mm512_srli_epi16::<7>(x), _mm512_set1_epi16(0xff));
             let off = _mm512_sub_epi16(e, _mm512_set1_epi16(w.lo as i16));
             nonzero & !_mm512_cmple_epu16_mask(off, _mm512_set1_epi16((w.hi - w.lo) as i16))
+        }
+    }
+
+    /// Writes 16 rows of a block's bf16 output from its running output
+    /// `O^T` (`ot` at the rows' first lane, column `c` at `ot + c * w`),
+    /// row `i` times `f[i]`, to `dst[i]`: for each 32 columns within `dv`,
+    /// the scaled columns are rounded to bf16 in pairs (`vcvtne2ps2bf16`,
+    /// lane `i` holding row `i`'s pair), and one 16 x 16 transpose of words
+    /// gives each row's 32 values. Half the shuffles of transposing floats
+    /// and rounding each row after. It stops before the first 32 columns
+    /// that hold a NaN or a subnormal, which that instruction rounds unlike
+    /// the integer rounding of the other levels (`bf16::from_f32`), so
+    /// results stay bitwise those of the f32 pass's write; returns the
+    /// columns written.
+    ///
+    /// # Safety
+    /// `ot + c * w + i` readable for `c < dv`, `i < 16`; `dst[i] + c`
+    /// writable for `c < dv`; the CPU runs the `avx512bf16` level (AVX-512
+    /// F, BW, DQ and BF16).
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
+    pub unsafe fn write_rows_bf16(
+        ot: *const f32,
+        w: usize,
+        f: &[f32; LANES],
+        dst: &[*mut u16; LANES],
+        dv: usize,
+    ) -> usize {
+        // SAFETY: every access is within the extents above; the CPU runs
+        // the features enabled.
+        unsafe {
+            let fv = _mm512_loadu_ps(f.as_ptr());
+            let mut c0 = 0;
+            while c0 + 2 * LANES <= dv {
+                let mut blk = [V16::ZERO; LANES];
+                let mut odd: __mmask16 = 0;
+                for (i, b) in blk.iter_mut().enumerate() {
+                    let col = |c: usize| _mm512_mul_ps(_mm512_loadu_ps(ot.add(c * w)), fv);
+                    let (x, y) = (col(c0 + 2 * i), col(c0 + 2 * i + 1));
+                    // Quiet and signalling NaN, subnormal.
+                    odd |= _mm512_fpclass_ps_mask::<0xa1>(x) | _mm512_fpclass_ps_mask::<0xa1>(y);
+                    *b = V16(_mm512_castsi512_ps(super::kernels::interleave16(x, y)));
+                }
+                if odd != 0 {
+                    break;
+                }
+                for (i, t) in V16::transpose16(blk).into_iter().enumerate() {
+                    _mm512_storeu_ps(dst[i].add(c0).cast(), t.0);
+                }
+                c0 += 2 * LANES;
+            }
+            c0
         }
     }
 

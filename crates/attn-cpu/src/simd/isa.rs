@@ -28,9 +28,9 @@ pub enum Isa {
     /// x86-64 with AVX-512 F and BW (Intel Skylake-SP, AMD Zen 4 and
     /// later): a vector of 16 lanes is one 512-bit register.
     Avx512,
-    /// AVX-512 with AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake
-    /// and Sapphire Rapids and later): the AVX-512 kernels, and for bf16
-    /// inputs `Q K^T` and `P V` on `vdpbf16ps` (pairs of bf16 products
+    /// AVX-512 with AVX512_BF16 and DQ (AMD Zen 4 and later, Intel Cooper
+    /// Lake and Sapphire Rapids and later): the AVX-512 kernels, and for
+    /// bf16 inputs `Q K^T` and `P V` on `vdpbf16ps` (pairs of bf16 products
     /// accumulated in f32, P rounded to bf16: `dot16/`).
     Avx512Bf16,
     /// The `avx512bf16` level with the AMX tile unit (AMX-TILE and
@@ -80,7 +80,13 @@ impl Isa {
                     && is_x86_feature_detected!("avx512bw")
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16 => Isa::Avx512.supported() && is_x86_feature_detected!("avx512bf16"),
+            // Every CPU with AVX512_BF16 has AVX-512 DQ too (its output
+            // write classifies values with `vfpclassps`).
+            Isa::Avx512Bf16 => {
+                Isa::Avx512.supported()
+                    && is_x86_feature_detected!("avx512bf16")
+                    && is_x86_feature_detected!("avx512dq")
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Amx => Isa::Avx512Bf16.supported() && crate::dot16::amx::available(),
             #[cfg(not(target_arch = "x86_64"))]
