@@ -124,18 +124,25 @@ impl SeqMask {
         if rows.is_empty() || keys.is_empty() {
             return TileClass::Skip;
         }
-        let (mut any, mut all) = (false, true);
-        for r in rows {
-            let v = self.kv_range(r);
-            let lo = v.start.max(keys.start);
-            let hi = v.end.min(keys.end);
-            any |= lo < hi;
-            all &= v.start <= keys.start && v.end >= keys.end;
+        // From the ends of the run of rows, not a walk over all of them
+        // (this runs for every tile of every block): some row sees a key of
+        // the tile iff the span (the union of the rows' ranges, contiguous)
+        // meets it; every row sees all of them iff no row's range is empty
+        // (empty ones lie at the ends of the run) and the last row's start
+        // and the first row's end (the largest start, the smallest end)
+        // enclose the tile.
+        let span = self.kv_span(rows.clone());
+        if span.start.max(keys.start) >= span.end.min(keys.end) {
+            return TileClass::Skip;
         }
-        match (any, all) {
-            (false, _) => TileClass::Skip,
-            (true, true) => TileClass::Full,
-            (true, false) => TileClass::Partial,
+        let (first, last) = (self.kv_range(rows.start), self.kv_range(rows.end - 1));
+        let all = !first.is_empty()
+            && !last.is_empty()
+            && last.start <= keys.start
+            && first.end >= keys.end;
+        match all {
+            true => TileClass::Full,
+            false => TileClass::Partial,
         }
     }
 
@@ -189,8 +196,10 @@ mod tests {
                                 assert_eq!(r.contains(&j), m.visible(i, j), "{m:?} {i} {j}");
                             }
                         }
-                        for (r0, r1) in [(0, 3), (2, 5), (4, 9), (0, 9), (3, 4)] {
-                            for (k0, k1) in [(0, 2), (1, 5), (3, 9), (0, 9), (6, 7)] {
+                        let runs =
+                            |n: usize| (0..n).flat_map(move |a| (a + 1..=n).map(move |b| (a, b)));
+                        for (r0, r1) in runs(ql + 2) {
+                            for (k0, k1) in runs(kl + 2) {
                                 let vis: Vec<bool> = (r0..r1)
                                     .flat_map(|i| (k0..k1).map(move |j| (i, j)))
                                     .map(|(i, j)| m.visible(i, j))
