@@ -196,10 +196,9 @@ pub fn run_items<V: Vector, T: CpuElement, const NV: usize>(
     let mut sms = [OnlineSoftmax::<V, NV>::new(), OnlineSoftmax::<V, NV>::new()];
     let mask = p.seq_mask(head.0);
     let (spans, (lo, hi)) = pass_spans(&mask, items);
-    let rows: Vec<RowInfo<V, NV>> = items
-        .iter()
-        .map(|it| RowInfo::new(ctx, it, &mask))
-        .collect();
+    // Each item's row facts, made at its first masked tile (a pass whose
+    // tiles are all full never needs them).
+    let mut rows: Vec<Option<RowInfo<V, NV>>> = items.iter().map(|_| None).collect();
     let per_element = ctx.per_element();
     // The scheduler's rows to prefetch, spread over every score-kernel
     // call of the pass.
@@ -229,14 +228,18 @@ pub fn run_items<V: Vector, T: CpuElement, const NV: usize>(
             if class == TileClass::Skip {
                 continue;
             }
+            let masked = class == TileClass::Partial || per_element;
+            // (No closure: it would lose the level's target features.)
+            if masked && rows[i].is_none() {
+                rows[i] = Some(RowInfo::new(ctx, it, &mask));
+            }
             step(
                 ctx,
                 it,
                 (ws, i, first),
                 &mut sms[i],
                 (j0, n, if first { next_n } else { 0 }),
-                &rows[i],
-                class == TileClass::Partial || per_element,
+                rows[i].as_ref().filter(|_| masked),
             );
             first = false;
         }
@@ -268,7 +271,8 @@ pub fn meets((lo, hi): (usize, usize), (j0, n): (usize, usize)) -> bool {
 }
 
 /// One key tile `j0..j0+n`: scores, transforms, softmax, `P V`; prefetches
-/// the first `next_n` keys after it.
+/// the first `next_n` keys after it. `masked` holds the item's row facts
+/// when the tile is masked (a partial tile, or per-element terms).
 #[inline(always)]
 fn step<V: Vector, T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,
@@ -276,8 +280,7 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
     (ws, slot, first): (&mut Workspace, usize, bool),
     sm: &mut OnlineSoftmax<V, NV>,
     (j0, n, next_n): (usize, usize, usize),
-    rows: &RowInfo<V, NV>,
-    masked: bool,
+    masked: Option<&RowInfo<V, NV>>,
 ) {
     let p = ctx.p;
     let w = NV * LANES;
@@ -340,10 +343,9 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
     };
     // A masked tile runs only the vectors of rows that see each part of
     // it (`parts.rs`); the mask then writes -inf over the scores left out.
-    let parts = if masked {
-        Parts::cut(&rows.bounds, (j0, n))
-    } else {
-        Parts::whole(n, NV)
+    let parts = match masked {
+        Some(rows) => Parts::cut(&rows.bounds, (j0, n)),
+        None => Parts::whole(n, NV),
     };
     if cfg!(debug_assertions) {
         // Scores a part leaves out must never reach the softmax: in test
@@ -399,10 +401,10 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
     } else {
         vbuf
     };
-    if masked {
+    if let Some(rows) = masked {
         transform(ctx, item, st, (j0, n), rows);
     }
-    let alpha = sm.update(st, n, (!masked).then_some(&top[..]));
+    let alpha = sm.update(st, n, masked.is_none().then_some(&top[..]));
     assert!(v.len() >= (n - 1) * vs + dv && ot.len() >= dv * w);
     if parts.is_whole(n, NV) {
         let mut c = 0;

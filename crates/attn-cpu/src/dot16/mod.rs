@@ -529,10 +529,8 @@ mod pass {
             OnlineSoftmax::<V16, NV>::new(),
             OnlineSoftmax::<V16, NV>::new(),
         ];
-        let rows: Vec<RowInfo<V16, NV>> = items
-            .iter()
-            .map(|it| RowInfo::new(ctx, it, &mask))
-            .collect();
+        // Each item's row facts, made at its first masked tile.
+        let mut rows: Vec<Option<RowInfo<V16, NV>>> = items.iter().map(|_| None).collect();
         let per_element = ctx.per_element();
         ahead.pace(items.len() * (hi - lo).div_ceil(KEYS) * KEYS.div_ceil(mr(NV)));
         let span_bytes = (hi - lo) * (dk + dv) * 2;
@@ -618,10 +616,14 @@ mod pass {
                     continue;
                 }
                 let masked = classes[i] == TileClass::Partial || per_element;
-                let parts = if masked {
-                    Parts::cut(&rows[i].bounds, (j0, n))
-                } else {
-                    Parts::whole(n, NV)
+                // (No closure: it would lose the level's target features.)
+                if masked && rows[i].is_none() {
+                    rows[i] = Some(RowInfo::new(ctx, it, &mask));
+                }
+                let info = rows[i].as_ref().filter(|_| masked);
+                let parts = match info {
+                    Some(rows) => Parts::cut(&rows.bounds, (j0, n)),
+                    None => Parts::whole(n, NV),
                 };
                 if cfg!(debug_assertions) {
                     st[..n * w].fill(f32::NAN);
@@ -715,8 +717,8 @@ mod pass {
                 next_n = 0;
                 pack(packed..n2);
                 packed = n2;
-                if masked {
-                    transform(ctx, it, st, (j0, n), &rows[i]);
+                if let Some(rows) = info {
+                    transform(ctx, it, st, (j0, n), rows);
                 }
                 assert!(pt2.len() >= n2 * w);
                 let pp = pt2.as_mut_ptr();
