@@ -380,6 +380,36 @@ mod tests {
         (0..n).map(|i| h(2 * i) | h(2 * i + 1) << 16).collect()
     }
 
+    /// `C` after [`Session::mul`] on `unit`: A is 32 rows of `16 s` words
+    /// (`a_ld` apart), B `16 s` rows of `16 nt` words (`b_ld` apart), C
+    /// starts as `c0` (32 rows, `c_ld` apart).
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        unit: Unit,
+        (a, a_ld): (&[u32], usize),
+        (b, b_ld): (&[u32], usize),
+        s: usize,
+        (c0, c_ld): (&[f32], usize),
+        nt: usize,
+        add: bool,
+    ) -> Vec<f32> {
+        assert!(a.len() >= 32 * a_ld && b.len() >= 16 * s * b_ld && c0.len() >= 32 * c_ld);
+        assert!(a_ld >= 16 * s && b_ld >= 16 * nt && c_ld >= 16 * nt);
+        let mut c = c0.to_vec();
+        // SAFETY: the extents of `mul` within the three buffers (asserted).
+        unsafe {
+            Session::new(unit).mul(
+                (a.as_ptr().cast(), 4 * a_ld),
+                (b.as_ptr().cast(), 4 * b_ld),
+                s,
+                (c.as_mut_ptr(), 4 * c_ld),
+                16 * nt,
+                add,
+            )
+        };
+        c
+    }
+
     /// The model against the sum written out, for both widths, with and
     /// without the accumulator, on strided rows; small integers over 8 make
     /// every sum exact, so equality is the test.
@@ -396,18 +426,7 @@ mod tests {
             let a = words(32 * a_ld, 1);
             let b = words(16 * s * b_ld, 2);
             let c0: Vec<f32> = (0..32 * c_ld).map(|i| (i % 7) as f32).collect();
-            let mut c = c0.clone();
-            // SAFETY: the extents of `mul` within the three buffers.
-            unsafe {
-                Session::new(Unit::Model).mul(
-                    (a.as_ptr().cast(), 4 * a_ld),
-                    (b.as_ptr().cast(), 4 * b_ld),
-                    s,
-                    (c.as_mut_ptr(), 4 * c_ld),
-                    16 * nt,
-                    add,
-                )
-            };
+            let c = product(Unit::Model, (&a, a_ld), (&b, b_ld), s, (&c0, c_ld), nt, add);
             let f = |w: u32, hi: bool| bf16::from_bits((w >> (16 * hi as u32)) as u16).to_f32();
             for m in 0..32 {
                 for j in 0..c_ld {
@@ -445,21 +464,7 @@ mod tests {
             let a = words(32 * a_ld, 3);
             let b = words(16 * s * b_ld, 4);
             let c0: Vec<f32> = (0..32 * c_ld).map(|i| (i % 5) as f32 - 2.0).collect();
-            let run = |unit| {
-                let mut c = c0.clone();
-                // SAFETY: the extents of `mul` within the three buffers.
-                unsafe {
-                    Session::new(unit).mul(
-                        (a.as_ptr().cast(), 4 * a_ld),
-                        (b.as_ptr().cast(), 4 * b_ld),
-                        s,
-                        (c.as_mut_ptr(), 4 * c_ld),
-                        16 * nt,
-                        add,
-                    )
-                };
-                c
-            };
+            let run = |unit| product(unit, (&a, a_ld), (&b, b_ld), s, (&c0, c_ld), nt, add);
             assert_eq!(
                 run(Unit::Tiles),
                 run(Unit::Model),
@@ -505,18 +510,7 @@ mod tests {
             let c0: Vec<f32> = (0..32 * c_ld)
                 .map(|_| bf16::from_bits(next() as u16).to_f32())
                 .collect();
-            let mut c = c0.clone();
-            // SAFETY: the extents of `mul` within the three buffers.
-            unsafe {
-                Session::new(unit).mul(
-                    (a.as_ptr().cast(), 4 * a_ld),
-                    (b.as_ptr().cast(), 4 * b_ld),
-                    s,
-                    (c.as_mut_ptr(), 4 * c_ld),
-                    16 * nt,
-                    add,
-                )
-            };
+            let c = product(unit, (&a, a_ld), (&b, b_ld), s, (&c0, c_ld), nt, add);
             let f = |w: u32, hi: bool| {
                 f64::from(bf16::from_bits((w >> (16 * hi as u32)) as u16).to_f32())
             };
