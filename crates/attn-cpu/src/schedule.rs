@@ -408,15 +408,16 @@ fn run_block<V: Vector, T: CpuElement>(
 }
 
 /// Maps `f` over `items` with a workspace for head dims `dims` leased per
-/// job, on the current rayon pool when `par`, else in order on the calling
-/// thread.
+/// job (kept by a thread across the loop's jobs, `Lease::new`), on the
+/// current rayon pool when `par`, else in order on the calling thread.
 fn map_items<I: Sync, R: Send>(
     par: bool,
     items: &[I],
     (dk, dv): (usize, usize),
     f: impl Fn(&mut Workspace, &I) -> R + Sync + Send,
 ) -> Vec<R> {
-    let init = || Lease::new(dk, dv);
+    let call = Lease::call();
+    let init = || Lease::new(dk, dv, call);
     if par {
         items
             .par_iter()
