@@ -293,7 +293,7 @@ fn sorted_blocks(p: &attn_spec::Problem) -> Vec<Item> {
     // pairs rounded up to whole rows of the span, in the same order as
     // the pairs wherever the span's length follows them (causal: later
     // blocks see more; windows: equal inside), from the two end rows
-    // (`SeqMask::kv_span`) instead of a walk over every row (~1% of a
+    // (`SeqMask::kv_span`) instead of a walk over every row (0.6% of a
     // 2 ms S = 512 causal call).
     let cost = |it: &Item| p.seq_mask(it.b).kv_span(it.positions()).len() * it.rows();
     blocks.sort_by_cached_key(|it| (it.b, it.kvh, std::cmp::Reverse(cost(it))));
