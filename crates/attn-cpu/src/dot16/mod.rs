@@ -998,6 +998,25 @@ mod pass {
         }
     }
 
+    /// Whether every element of one contiguous row [`fits`](super::fits):
+    /// 32 at a time (a test, a shift, a subtraction and a compare), any
+    /// rest one by one.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 BW.
+    #[inline(always)]
+    unsafe fn row_fits(row: &[u16]) -> bool {
+        let mut bad: __mmask32 = 0;
+        let mut c = 0;
+        while c + 32 <= row.len() {
+            // SAFETY: c + 32 <= row.len(); the CPU runs AVX-512 BW (this
+            // function's contract).
+            unsafe { bad |= misfits(_mm512_loadu_si512(row.as_ptr().add(c).cast())) };
+            c += 32;
+        }
+        bad == 0 && row[c..].iter().all(|&x| super::fits(x))
+    }
+
     /// Whether every element of rows `j0..j0+m` of `rows` (`rs` apart, `d`
     /// elements each) [`fits`](super::fits), as [`rows_fit`] for rows
     /// already found contiguous (`typed_rows`).
@@ -1006,27 +1025,18 @@ mod pass {
     /// The CPU runs AVX-512 BW.
     #[inline(always)]
     unsafe fn slab_fits(rows: &[u16], rs: usize, (j0, m): (usize, usize), d: usize) -> bool {
-        assert!(m == 0 || (j0 + m - 1) * rs + d <= rows.len());
-        let (mut bad, mut fit): (__mmask32, bool) = (0, true);
+        // (A loop, not a closure: a closure loses the level's features.)
+        let mut fit = true;
         for j in j0..j0 + m {
-            // SAFETY: row j's d elements are inside `rows` (asserted).
-            let row = unsafe { rows.as_ptr().add(j * rs) };
-            let mut c = 0;
-            while c + 32 <= d {
-                // SAFETY: c + 32 <= d elements of the row; the CPU runs
-                // AVX-512 BW (this function's contract).
-                unsafe { bad |= misfits(_mm512_loadu_si512(row.add(c).cast())) };
-                c += 32;
-            }
-            // SAFETY: c..d elements of the row.
-            fit &= (c..d).all(|c| super::fits(unsafe { *row.add(c) }));
+            // SAFETY: the CPU runs AVX-512 BW (this function's contract).
+            fit &= unsafe { row_fits(&rows[j * rs..j * rs + d]) };
         }
-        fit && bad == 0
+        fit
     }
 
     /// Whether every element of rows `j0..j0+n` (batch `b`, head `g`, `d`
-    /// elements each) of a bf16 tensor [`fits`](super::fits): 32 at a time
-    /// (a test, a shift, a subtraction and a compare), any rest one by one.
+    /// elements each) of a bf16 tensor [`fits`](super::fits) ([`row_fits`]
+    /// on contiguous rows).
     ///
     /// # Safety
     /// The CPU runs AVX-512 BW.
@@ -1038,25 +1048,15 @@ mod pass {
         (j0, n): (usize, usize),
         d: usize,
     ) -> bool {
-        let fits = super::fits;
-        let mut bad: __mmask32 = 0;
         for j in j0..j0 + n {
             let at = view.index([b, j, g, 0]);
-            if view.strides[3] != 1 && d != 1 {
-                if !(0..d).all(|c| fits(src[at + c * view.strides[3]])) {
-                    return false;
-                }
-                continue;
-            }
-            let row = &src[at..at + d];
-            let mut c = 0;
-            while c + 32 <= d {
-                // SAFETY: c + 32 <= d elements of the row; the CPU runs
-                // AVX-512 BW (this function's contract).
-                unsafe { bad |= misfits(_mm512_loadu_si512(row.as_ptr().add(c).cast())) };
-                c += 32;
-            }
-            if bad != 0 || !row[c..].iter().all(|&x| fits(x)) {
+            let fit = if view.strides[3] != 1 && d != 1 {
+                (0..d).all(|c| super::fits(src[at + c * view.strides[3]]))
+            } else {
+                // SAFETY: the CPU runs AVX-512 BW (this function's contract).
+                unsafe { row_fits(&src[at..at + d]) }
+            };
+            if !fit {
                 return false;
             }
         }
