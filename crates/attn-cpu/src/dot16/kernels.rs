@@ -435,7 +435,7 @@ pub unsafe fn pack_words(
                     let o = _mm512_castps_si512(_mm512_loadu_ps(odd.as_ptr().add(i)));
                     let hi = _mm512_and_si512(o, _mm512_set1_epi32(0xffff_0000u32 as i32));
                     let w = _mm512_or_si512(_mm512_srli_epi32::<16>(e), hi);
-                    bad |= super::pass::misfits_in(w, win);
+                    bad |= super::check::misfits_in(w, win);
                     _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), w);
                 }
                 i += 16;
@@ -464,7 +464,7 @@ pub unsafe fn pack_words(
                     let a = _mm512_castps_si512(_mm512_loadu_ps(even.as_ptr().add(2 * i)));
                     let b = _mm512_castps_si512(_mm512_loadu_ps(even.as_ptr().add(2 * i + 16)));
                     let w = _mm512_permutex2var_epi16(a, idx, b);
-                    bad |= super::pass::misfits_in(w, win);
+                    bad |= super::check::misfits_in(w, win);
                     _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), w);
                 }
                 i += 16;
