@@ -14,13 +14,13 @@
 
 use crate::blocking::LANES;
 use crate::element::CpuElement;
-use crate::pack::Hint;
+use crate::pack::{Ahead, Hint};
 use crate::simd::{load, store, vectorize, Isa, Op, Vector};
 use crate::softmax::finish_row;
 use crate::tiling::{run_item, Ctx};
 use crate::work::{chunks, row_blocks, split_keys, Item};
 use crate::workspace::{Lease, Workspace};
-use attn_spec::merge_states;
+use attn_spec::{merge_states, View};
 use rayon::prelude::*;
 use std::f32::consts::LN_2;
 
@@ -507,25 +507,17 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
             // most likely runs next on this thread (the pool hands each
             // thread a contiguous range of units).
             ws.ahead.clear();
+            let size = size_of::<T>();
             for it in unit {
-                for r in 0..it.rows() {
-                    let (pos, h) = it.row(r);
-                    ws.ahead.push(
-                        sink.row_addr(ctx, (it.b, pos, h)),
-                        dv * size_of::<T>(),
-                        Hint::Write,
-                    );
-                }
+                let first = |h| sink.row_addr(ctx, (it.b, it.p0, h));
+                item_runs(&mut ws.ahead, first, &p.out, it, (dv, size), Hint::Write);
             }
             let k = units.partition_point(|u| u.start < at.end);
             let next = units.get(k).map_or(&[][..], |u| &blocks[u.clone()]);
+            let q0 = ctx.q.as_ptr() as usize;
             for it in next {
-                for r in 0..it.rows() {
-                    let (pos, h) = it.row(r);
-                    let at = p.q.index([it.b, pos, h, 0]).min(ctx.q.len());
-                    let addr = ctx.q[at..].as_ptr() as usize;
-                    ws.ahead.push(addr, dk * size_of::<T>(), Hint::L2);
-                }
+                let first = |h| q0.wrapping_add(p.q.index([it.b, it.p0, h, 0]) * size);
+                item_runs(&mut ws.ahead, first, &p.q, it, (dk, size), Hint::L2);
             }
             // A unit of another head starts on K and V rows no pass of this
             // thread has read: its first tile is asked for too.
@@ -536,12 +528,15 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
                 let span = p.seq_mask(n.b).kv_span(n.positions());
                 let j0 = span.start.max(n.keys.start);
                 let j1 = span.end.min(n.keys.end).min(j0 + crate::blocking::KEYS);
-                for j in j0..j1 {
-                    for (src, view, d) in [(ctx.k, &p.k, dk), (ctx.v, &p.v, dv)] {
-                        let at = view.index([n.b, j, n.kvh, 0]).min(src.len());
-                        ws.ahead
-                            .push(src[at..].as_ptr() as usize, d * size_of::<T>(), Hint::L2);
-                    }
+                for (src, view, d) in [
+                    (ctx.k.as_ptr() as usize, &p.k, dk),
+                    (ctx.v.as_ptr() as usize, &p.v, dv),
+                ] {
+                    let (at, step) = (view.index([n.b, j0, n.kvh, 0]), seq_step(view));
+                    let first = src.wrapping_add(at * size);
+                    let count = j1.saturating_sub(j0);
+                    ws.ahead
+                        .push_rows(first, step * size, count, d * size, Hint::L2);
                 }
             }
             let op = UnitOp {
@@ -639,6 +634,31 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
             sink.write_row(ctx, (it.b, pos, h), row, f, lse);
         }
     });
+}
+
+/// Elements between consecutive positions of one (batch, head) row in
+/// `view` (0 where the sequence axis is broadcast).
+fn seq_step(view: &View) -> usize {
+    match view.dims[1] {
+        1 => 0,
+        _ => view.strides[1],
+    }
+}
+
+/// Adds block `it`'s rows of tensor `view` to `ahead`: one run of its
+/// positions per query head, the first row of head `h` at address
+/// `first(h)`, rows of `d` elements of `size` bytes.
+fn item_runs(
+    ahead: &mut Ahead,
+    first: impl Fn(usize) -> usize,
+    view: &View,
+    it: &Item,
+    (d, size): (usize, usize),
+    hint: Hint,
+) {
+    for h in it.h0..it.h0 + it.nh {
+        ahead.push_rows(first(h), seq_step(view) * size, it.np, d * size, hint);
+    }
 }
 
 #[cfg(test)]
