@@ -501,7 +501,12 @@ pub enum Hint {
     L2,
     /// Into L1, for data needed within a few hundred cycles.
     L1,
-    /// Into L1 in a writable state, for lines about to be written.
+    /// Into L1 for lines about to be written. This is `prefetchw` (the
+    /// line asked for in a writable state) only where the code is built
+    /// with PRFCHW enabled, which attn-cpu's run-time dispatch does not
+    /// do; elsewhere `prefetcht0`. A line that no other core holds arrives
+    /// exclusive either way, so the store then needs no further request:
+    /// only lines shared with another core would gain.
     Write,
 }
 
