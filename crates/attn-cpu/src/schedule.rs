@@ -255,17 +255,23 @@ fn run_and_write<V: Vector, T: CpuElement>(
         // Without a log-sum-exp to store, only the factors (the lse slot,
         // never read, is NaN).
         let keep_lse = sink.keeps_lse();
+        let mut fin = [(0.0, f32::NAN); crate::blocking::ROWS];
         for (i, (it, sm)) in unit.iter().zip(&sms).enumerate() {
-            let fin: Vec<(f32, f32)> = (0..it.rows())
-                .map(|r| {
-                    let s = sinks.map(|v| v[it.row(r).1]);
-                    match keep_lse {
-                        true => sm.finish(r, s),
-                        false => (sm.factor(r, s), f32::NAN),
+            let fin = &mut fin[..it.rows()];
+            match (keep_lse, sinks) {
+                // The common case, a vector at a time.
+                (false, None) => sm.factors(fin),
+                _ => {
+                    for (r, f) in fin.iter_mut().enumerate() {
+                        let s = sinks.map(|v| v[it.row(r).1]);
+                        *f = match keep_lse {
+                            true => sm.finish(r, s),
+                            false => (sm.factor(r, s), f32::NAN),
+                        };
                     }
-                })
-                .collect();
-            sink.write_block::<V>(ctx, it, (&ws.ot[i * dv * w..(i + 1) * dv * w], w), &fin);
+                }
+            }
+            sink.write_block::<V>(ctx, it, (&ws.ot[i * dv * w..(i + 1) * dv * w], w), fin);
         }
     }
     let rows = unit.iter().map(Item::rows).max().unwrap_or(0);

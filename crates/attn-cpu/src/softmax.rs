@@ -170,6 +170,21 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
         }
     }
 
+    /// [`OnlineSoftmax::factor`] of rows `0..out.len()` without sinks, a
+    /// vector at a time, into `out[r].0` (`1 / l`, or 0 for a row with no
+    /// visible key; bit for bit the per-row factor).
+    #[inline(always)]
+    pub fn factors(&self, out: &mut [(f32, f32)]) {
+        assert!(out.len() <= NV * LANES);
+        for (v, rows) in out.chunks_mut(LANES).enumerate() {
+            let l = self.l[v];
+            let f = (V::ONE / l).replace_where_eq(l, 0.0, 0.0).to_array();
+            for (o, &x) in rows.iter_mut().zip(&f) {
+                o.0 = x;
+            }
+        }
+    }
+
     /// Row `r`'s running maximum and sum.
     #[inline(always)]
     fn row(&self, r: usize) -> (f32, f32) {
@@ -269,6 +284,11 @@ mod tests {
                 assert_eq!(a.factor(r, sink), a.finish(r, sink).0);
             }
         }
+        let mut fin = vec![(0.0, 0.0); ROWS - 3];
+        a.factors(&mut fin);
+        for (r, &(f, _)) in fin.iter().enumerate() {
+            assert_eq!(f.to_bits(), a.factor(r, None).to_bits());
+        }
         for r in 0..ROWS {
             let (_, lse) = a.finish(r, None);
             let want: f64 = (0..3)
@@ -291,6 +311,9 @@ mod tests {
         let alpha = s.update(&mut st, 2, None);
         assert!(st.iter().all(|&p| p == 0.0));
         assert!(alpha.iter().all(|a| a.to_array().iter().all(|&x| x == 0.0)));
+        let mut fin = [(1.0, 0.0); 20];
+        s.factors(&mut fin);
+        assert!(fin.iter().all(|&(f, _)| f == 0.0));
         assert_eq!(s.finish(0, None), (0.0, f32::NEG_INFINITY));
         let (f, lse) = s.finish(0, Some(1.5));
         assert_eq!(f, 0.0);
