@@ -108,6 +108,19 @@ unsafe fn scores<_V, const M: usize, const NV: usize>(
     }
 }
 
+/// Where the `P V` kernel starts from: the running output as it is, the
+/// running output times each row's rescale factor, or zero (the item's
+/// first product: the running output is not read).
+#[derive(Clone, Copy, Debug)]
+pub enum Start<'a> {
+    /// `O^T` as it is.
+    Load,
+    /// `O^T` times `alpha[r]` for the rows of vector `r`.
+    Scaled(&'a [V16]),
+    /// Zero.
+    Zero,
+}
+
 /// `O^T[c][r] = alpha[r] O^T[c][r] + sum_j V[j][c] P[r][j]` for `M` value
 /// columns and `NV * 16` rows over `n2` pairs of keys. `vp` points at
 /// column `c0` of the packed values (word `i * vs + c` holds `V[2i][c]`,
@@ -118,8 +131,8 @@ unsafe fn scores<_V, const M: usize, const NV: usize>(
 /// # Safety
 /// `vp + i * vs + c` readable for `i < n2`, `c < M`; `pp + i * ld + r`
 /// readable for `i < n2`, `r < NV * 16`; `ot + c * ld + r` readable and
-/// writable for `c < M`, `r < NV * 16`; `alpha` holds `NV` factors when
-/// given; the CPU runs AVX-512 F and BF16.
+/// writable for `c < M`, `r < NV * 16`; `Start::Scaled` holds `NV`
+/// factors; the CPU runs AVX-512 F and BF16.
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::extra_unused_type_parameters)]
 unsafe fn pv<_V, const M: usize, const NV: usize>(
@@ -129,17 +142,19 @@ unsafe fn pv<_V, const M: usize, const NV: usize>(
     ld: usize,
     n2: usize,
     ot: *mut f32,
-    alpha: Option<&[V16]>,
+    start: Start<'_>,
 ) {
     // SAFETY: every access is within the extents of the contract above.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); NV]; M];
         for c in 0..M {
             for r in 0..NV {
-                let o = _mm512_loadu_ps(ot.add(c * ld + r * 16));
-                acc[c][r] = match alpha {
-                    Some(a) => _mm512_mul_ps(o, a[r].0),
-                    None => o,
+                acc[c][r] = match start {
+                    Start::Zero => continue,
+                    Start::Load => _mm512_loadu_ps(ot.add(c * ld + r * 16)),
+                    Start::Scaled(a) => {
+                        _mm512_mul_ps(_mm512_loadu_ps(ot.add(c * ld + r * 16)), a[r].0)
+                    }
                 };
             }
         }
@@ -210,17 +225,17 @@ pub unsafe fn pv_part(
     ld: usize,
     n2: usize,
     ot: *mut f32,
-    alpha: Option<&[V16]>,
+    start: Start<'_>,
 ) {
     assert!((1..=4).contains(&nv) && (1..=mr(nv)).contains(&m));
-    assert!(alpha.is_none_or(|a| a.len() >= nv));
+    assert!(!matches!(start, Start::Scaled(a) if a.len() < nv));
     // SAFETY: forwarded from the caller.
     unsafe {
         match nv {
-            1 => dispatch_m!(V16, 1, 12, m, pv(vp, vs, pp, ld, n2, ot, alpha)),
-            2 => dispatch_m!(V16, 2, 12, m, pv(vp, vs, pp, ld, n2, ot, alpha)),
-            3 => dispatch_m!(V16, 3, 8, m, pv(vp, vs, pp, ld, n2, ot, alpha)),
-            _ => dispatch_m!(V16, 4, 6, m, pv(vp, vs, pp, ld, n2, ot, alpha)),
+            1 => dispatch_m!(V16, 1, 12, m, pv(vp, vs, pp, ld, n2, ot, start)),
+            2 => dispatch_m!(V16, 2, 12, m, pv(vp, vs, pp, ld, n2, ot, start)),
+            3 => dispatch_m!(V16, 3, 8, m, pv(vp, vs, pp, ld, n2, ot, start)),
+            _ => dispatch_m!(V16, 4, 6, m, pv(vp, vs, pp, ld, n2, ot, start)),
         }
     }
 }
@@ -738,9 +753,15 @@ mod tests {
                     // SAFETY: the CPU runs AVX-512 (checked above).
                     .map(|v| V16(unsafe { _mm512_set1_ps(0.5 + v as f32) }))
                     .collect();
-                for with_alpha in [false, true] {
-                    let mut ot = o0.clone();
-                    let a = with_alpha.then_some(&alpha[..]);
+                // Each start: as it is, scaled, and from zero (the
+                // output then holds NaN, which must not be read).
+                for how in 0..3 {
+                    let with_alpha = how == 1;
+                    let (mut ot, start) = match how {
+                        0 => (o0.clone(), Start::Load),
+                        1 => (o0.clone(), Start::Scaled(&alpha[..])),
+                        _ => (vec![f32::NAN; o0.len()], Start::Zero),
+                    };
                     // SAFETY: as above.
                     unsafe {
                         pv_part(
@@ -752,7 +773,7 @@ mod tests {
                             ld,
                             n2,
                             ot.as_mut_ptr(),
-                            a,
+                            start,
                         )
                     };
                     for col in 0..m {
@@ -762,7 +783,10 @@ mod tests {
                             } else {
                                 1.0
                             };
-                            let start = o0[col * ld + r] as f64 * scale;
+                            let start = match how {
+                                2 => 0.0,
+                                _ => o0[col * ld + r] as f64 * scale,
+                            };
                             let (mut want, mut mag) = (start, start.abs());
                             for i in 0..n2 {
                                 let (v, p) = (vp[i * vs + col], pp[i * ld + r]);

@@ -3,7 +3,7 @@
 
 use super::amx::Session;
 use super::check::{rows_fit, slab_fits};
-use super::kernels::{mr, pv_part, scores_part};
+use super::kernels::{mr, pv_part, scores_part, Start};
 use super::pairs::{pack_q_pairs, pack_v_pairs, store_pairs};
 use super::tiles::{tile_pv, tile_scores, transpose_words};
 use crate::blocking::{share, KEYS, LANES, PREFETCH_SPAN_BYTES};
@@ -97,7 +97,13 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
             return None;
         }
     }
-    ot[..items.len() * dv * w].fill(0.0);
+    // Each item's running output O^T is written by its first product
+    // (`Start::Zero`), or zeroed before it where that product adds into
+    // it, or after the pass where the item saw no key: never read before.
+    let mut unwritten = [true; 2];
+    if cfg!(debug_assertions) {
+        ot[..items.len() * dv * w].fill(f32::NAN);
+    }
     let mut sms = [
         OnlineSoftmax::<V16, NV>::new(),
         OnlineSoftmax::<V16, NV>::new(),
@@ -327,8 +333,12 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                     if fresh {
                         transpose_words((vp, vs), (n2, dv), vtp);
                     }
+                    if unwritten[i] {
+                        std::slice::from_raw_parts_mut(out, dv * w).fill(0.0);
+                    }
                     tile_pv(unit, (vtp, n2, dv), (pp, w), out, &alpha);
                 }
+                unwritten[i] = false;
                 match keep {
                     true => vt_kept = Some(t),
                     false => vt_made = true,
@@ -336,6 +346,10 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                 continue;
             }
             if pv_parts.is_whole(n, NV) {
+                let start = match unwritten[i] {
+                    true => Start::Zero,
+                    false => Start::Scaled(&alpha),
+                };
                 let mut col = 0;
                 while col < dv {
                     let m = mr(NV).min(dv - col);
@@ -343,27 +357,22 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                     // words, vs apart (col + m <= dv); pt2 holds n2 x w
                     // words (asserted); this item's output is dv x w
                     // floats; alpha holds NV factors.
-                    unsafe {
-                        pv_part(
-                            NV,
-                            m,
-                            vp.add(col),
-                            vs,
-                            pp,
-                            w,
-                            n2,
-                            out.add(col * w),
-                            Some(&alpha),
-                        )
-                    };
+                    unsafe { pv_part(NV, m, vp.add(col), vs, pp, w, n2, out.add(col * w), start) };
                     col += m;
                 }
+                unwritten[i] = false;
                 continue;
             }
             // Parts: rescale the running output once, then add each
             // part's pairs of keys on its vectors only.
             // SAFETY: this item's output is dv x w floats, w = NV * 16.
-            unsafe { rescale(out, dv, &alpha) };
+            unsafe {
+                match unwritten[i] {
+                    true => std::slice::from_raw_parts_mut(out, dv * w).fill(0.0),
+                    false => rescale(out, dv, &alpha),
+                }
+            };
+            unwritten[i] = false;
             for (keys, vecs) in pv_parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
                 assert!(keys.end <= n && vecs.end <= NV && keys.start.is_multiple_of(2));
                 let (i0, i1, nv) = (keys.start / 2, keys.end.div_ceil(2), vecs.len());
@@ -385,7 +394,7 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                             w,
                             i1 - i0,
                             out.add(col * w + at),
-                            None,
+                            Start::Load,
                         )
                     };
                     col += m;
@@ -423,6 +432,11 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
             packed_vt.mark(t..t + 1);
         }
         j0 += n;
+    }
+    for (i, &u) in unwritten.iter().enumerate().take(items.len()) {
+        if u {
+            ot[i * dv * w..(i + 1) * dv * w].fill(0.0);
+        }
     }
     Some(sms)
 }
