@@ -62,11 +62,9 @@ impl<T: CpuElement> Sink<T> {
         !self.lse.is_null()
     }
 
-    /// Address of output row `(b, pos, h)`, for prefetching only (never
-    /// dereferenced).
-    pub fn row_addr(&self, ctx: &Ctx<'_, T>, (b, pos, h): (usize, usize, usize)) -> usize {
-        let at = ctx.p.out.index([b, pos, h, 0]).min(self.out_len);
-        self.out.wrapping_add(at) as usize
+    /// Address of the output's first element, for prefetching only.
+    pub fn addr(&self) -> usize {
+        self.out as usize
     }
 
     /// Writes one output row `(b, pos, h)` as `row * f`, and its
@@ -513,17 +511,21 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
             // most likely runs next on this thread (the pool hands each
             // thread a contiguous range of units).
             ws.ahead.clear();
-            let size = size_of::<T>();
+            let out = (sink.addr(), size_of::<T>());
+            let q = (ctx.q.as_ptr() as usize, size_of::<T>());
             for it in unit {
-                let first = |h| sink.row_addr(ctx, (it.b, it.p0, h));
-                item_runs(&mut ws.ahead, first, &p.out, it, (dv, size), Hint::Write);
+                for h in it.h0..it.h0 + it.nh {
+                    let rows = ((it.b, it.p0, h), (it.np, dv));
+                    push_run(&mut ws.ahead, out, &p.out, rows, Hint::Write);
+                }
             }
             let k = units.partition_point(|u| u.start < at.end);
             let next = units.get(k).map_or(&[][..], |u| &blocks[u.clone()]);
-            let q0 = ctx.q.as_ptr() as usize;
             for it in next {
-                let first = |h| q0.wrapping_add(p.q.index([it.b, it.p0, h, 0]) * size);
-                item_runs(&mut ws.ahead, first, &p.q, it, (dk, size), Hint::L2);
+                for h in it.h0..it.h0 + it.nh {
+                    let rows = ((it.b, it.p0, h), (it.np, dk));
+                    push_run(&mut ws.ahead, q, &p.q, rows, Hint::L2);
+                }
             }
             // A unit of another head starts on K and V rows no pass of this
             // thread has read: its first tile is asked for too.
@@ -538,11 +540,8 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
                     (ctx.k.as_ptr() as usize, &p.k, dk),
                     (ctx.v.as_ptr() as usize, &p.v, dv),
                 ] {
-                    let (at, step) = (view.index([n.b, j0, n.kvh, 0]), seq_step(view));
-                    let first = src.wrapping_add(at * size);
-                    let count = j1.saturating_sub(j0);
-                    ws.ahead
-                        .push_rows(first, step * size, count, d * size, Hint::L2);
+                    let rows = ((n.b, j0, n.kvh), (j1.saturating_sub(j0), d));
+                    push_run(&mut ws.ahead, (src, size_of::<T>()), view, rows, Hint::L2);
                 }
             }
             let op = UnitOp {
@@ -642,29 +641,24 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
     });
 }
 
-/// Elements between consecutive positions of one (batch, head) row in
-/// `view` (0 where the sequence axis is broadcast).
-fn seq_step(view: &View) -> usize {
-    match view.dims[1] {
-        1 => 0,
-        _ => view.strides[1],
-    }
-}
-
-/// Adds block `it`'s rows of tensor `view` to `ahead`: one run of its
-/// positions per query head, the first row of head `h` at address
-/// `first(h)`, rows of `d` elements of `size` bytes.
-fn item_runs(
+/// Adds to `ahead` the rows of tensor `view` (elements of `size` bytes
+/// from address `base`) of batch `b`, head `h`, positions `pos..pos +
+/// count`, `d` elements each: one run, its rows one position's stride
+/// apart (0 where the sequence axis is broadcast).
+fn push_run(
     ahead: &mut Ahead,
-    first: impl Fn(usize) -> usize,
+    (base, size): (usize, usize),
     view: &View,
-    it: &Item,
-    (d, size): (usize, usize),
+    ((b, pos, h), (count, d)): ((usize, usize, usize), (usize, usize)),
     hint: Hint,
 ) {
-    for h in it.h0..it.h0 + it.nh {
-        ahead.push_rows(first(h), seq_step(view) * size, it.np, d * size, hint);
-    }
+    let first = base.wrapping_add(view.index([b, pos, h, 0]) * size);
+    let step = if view.dims[1] == 1 {
+        0
+    } else {
+        view.strides[1]
+    };
+    ahead.push_rows(first, step * size, count, d * size, hint);
 }
 
 #[cfg(test)]
