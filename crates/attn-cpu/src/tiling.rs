@@ -198,7 +198,7 @@ pub fn run_items<V: Vector, T: CpuElement, const NV: usize>(
     let (spans, (lo, hi)) = pass_spans(&mask, items);
     // Each item's row facts, made at its first masked tile (a pass whose
     // tiles are all full never needs them).
-    let mut rows: Vec<Option<RowInfo<V, NV>>> = items.iter().map(|_| None).collect();
+    let mut rows: [Option<RowInfo<V, NV>>; 2] = [None, None];
     let per_element = ctx.per_element();
     // The scheduler's rows to prefetch, spread over every score-kernel
     // call of the pass.

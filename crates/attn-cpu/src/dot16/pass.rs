@@ -109,7 +109,7 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
         OnlineSoftmax::<V16, NV>::new(),
     ];
     // Each item's row facts, made at its first masked tile.
-    let mut rows: Vec<Option<RowInfo<V16, NV>>> = items.iter().map(|_| None).collect();
+    let mut rows: [Option<RowInfo<V16, NV>>; 2] = [None, None];
     let per_element = ctx.per_element();
     ahead.pace(items.len() * (hi - lo).div_ceil(KEYS) * KEYS.div_ceil(mr(NV)));
     let span_bytes = (hi - lo) * (dk + dv) * 2;
@@ -133,17 +133,13 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
     while j0 < hi {
         let n = KEYS.min(hi - j0);
         let mut next_n = if prefetch { n.min(hi - j0 - n) } else { 0 };
-        let classes: Vec<TileClass> = items
-            .iter()
-            .enumerate()
-            .map(|(i, it)| {
-                if meets(spans[i], (j0, n)) {
-                    mask.classify(it.positions(), j0..j0 + n)
-                } else {
-                    TileClass::Skip
-                }
-            })
-            .collect();
+        // (An array, not a Vec: no allocation per tile.)
+        let mut classes = [TileClass::Skip; 2];
+        for (i, it) in items.iter().enumerate() {
+            if meets(spans[i], (j0, n)) {
+                classes[i] = mask.classify(it.positions(), j0..j0 + n);
+            }
+        }
         if classes.iter().all(|&c| c == TileClass::Skip) {
             j0 += n;
             continue;
@@ -307,9 +303,17 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                 // row jp, vector r of the pair tile (n2 x w words).
                 unsafe { store_pairs(pp.add(jp * w + r * LANES), e0, e1) };
             });
-            let out = ot[i * dv * w..(i + 1) * dv * w].as_mut_ptr();
             let pv_parts = parts.paired();
             let on_tiles = amx_keys(n).filter(|_| dv.is_multiple_of(32));
+            let whole = on_tiles.is_none() && pv_parts.is_whole(n, NV);
+            // The item's first product writes its running output: from
+            // zero inside the kernel on the whole path; the tile unit and
+            // the parts add into it, so it is zeroed for them here.
+            let first = std::mem::replace(&mut unwritten[i], false);
+            if first && !whole {
+                ot[i * dv * w..(i + 1) * dv * w].fill(0.0);
+            }
+            let out = ot[i * dv * w..(i + 1) * dv * w].as_mut_ptr();
             if let Some(unit) = on_tiles {
                 // The transposed values: a whole tile at a multiple of
                 // KEYS is kept for the head's later passes.
@@ -333,20 +337,16 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                     if fresh {
                         transpose_words((vp, vs), (n2, dv), vtp);
                     }
-                    if unwritten[i] {
-                        std::slice::from_raw_parts_mut(out, dv * w).fill(0.0);
-                    }
                     tile_pv(unit, (vtp, n2, dv), (pp, w), out, &alpha);
                 }
-                unwritten[i] = false;
                 match keep {
                     true => vt_kept = Some(t),
                     false => vt_made = true,
                 }
                 continue;
             }
-            if pv_parts.is_whole(n, NV) {
-                let start = match unwritten[i] {
+            if whole {
+                let start = match first {
                     true => Start::Zero,
                     false => Start::Scaled(&alpha),
                 };
@@ -360,19 +360,15 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                     unsafe { pv_part(NV, m, vp.add(col), vs, pp, w, n2, out.add(col * w), start) };
                     col += m;
                 }
-                unwritten[i] = false;
                 continue;
             }
-            // Parts: rescale the running output once, then add each
-            // part's pairs of keys on its vectors only.
-            // SAFETY: this item's output is dv x w floats, w = NV * 16.
-            unsafe {
-                match unwritten[i] {
-                    true => std::slice::from_raw_parts_mut(out, dv * w).fill(0.0),
-                    false => rescale(out, dv, &alpha),
-                }
-            };
-            unwritten[i] = false;
+            // Parts: rescale the running output once (unless it was just
+            // zeroed), then add each part's pairs of keys on its vectors
+            // only.
+            if !first {
+                // SAFETY: this item's output is dv x w floats, w = NV * 16.
+                unsafe { rescale(out, dv, &alpha) };
+            }
             for (keys, vecs) in pv_parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
                 assert!(keys.end <= n && vecs.end <= NV && keys.start.is_multiple_of(2));
                 let (i0, i1, nv) = (keys.start / 2, keys.end.div_ceil(2), vecs.len());
