@@ -68,9 +68,22 @@
 /// KiB at d = 128: L2-resident on every target core.
 pub const BWD_ROWS: usize = 96;
 
-/// Keys per block of the backward pass: three vectors of 16, a multiple
-/// of every level's `mr(1)` (the dK and dV products run over keys).
-pub const BWD_KEYS: usize = 48;
+/// Most keys per block of the backward pass, and the row stride of its
+/// key-block buffers and tiles: six vectors of 16, a multiple of every
+/// level's `mr(1)` (the dK and dV products run over keys). A block of 96
+/// keys halves the per-block work (packing K, K^T and V^T, each tile's
+/// set-up) against 48 and lengthens the dQ product's sum: measured
+/// (`BWD=1` in the `perf` example, Zen 4, one thread, alternating runs)
+/// +1-3% on f32 problems without a causal or sliding window, +3-6% on
+/// bf16 on `vdpbf16ps` (S = 512 and 2048, causal or not, the encoder).
+pub const BWD_KEYS: usize = 96;
+
+/// Keys per block of the backward pass for f32 products under a causal or
+/// sliding window: a diagonal block computes its masked triangle whole,
+/// and a 96-key block's triangle cost 1-6% there (S = 128 to 2048, Zen 4),
+/// more than the halved block work won. The bf16 products on `vdpbf16ps`
+/// run twice as fast, so their per-block work weighs more: they keep 96.
+pub const BWD_KEYS_BANDED: usize = 48;
 
 /// A backward task packs its Q and dO rows (all heads of its GQA group)
 /// into f32 panels once, for all its key blocks, when they take at most

@@ -26,18 +26,22 @@ fn backward_hand_cases_and_bad_input() {
 
 /// Gradients are bitwise identical for 1, 2 and 3 threads: with one unit
 /// (keys cut into chunks), with many units, with a bias shared by the
-/// heads (its gradient summed over units) and with sinks.
+/// heads (its gradient summed over units) and with sinks; causal (f32
+/// products in blocks of `BWD_KEYS_BANDED` keys) and not (`BWD_KEYS`).
 #[test]
 fn gradients_do_not_depend_on_the_thread_count() {
+    use attn_spec::MaskKind::{Causal, None as Unmasked};
     let shapes = [
-        (Shape::new(1, 2, 1, 300, 700, 64), DType::F32),
-        (Shape::new(2, 8, 8, 150, 140, 40), DType::Bf16),
+        (Shape::new(1, 2, 1, 300, 700, 64), DType::F32, Causal),
+        (Shape::new(2, 8, 8, 150, 140, 40), DType::Bf16, Causal),
         (
             Shape::new(1, 4, 2, 200, 260, 24).with_head_dim_v(40),
             DType::F16,
+            Causal,
         ),
+        (Shape::new(1, 2, 1, 300, 700, 64), DType::F32, Unmasked),
     ];
-    for (i, (shape, dtype)) in shapes.into_iter().enumerate() {
+    for (i, (shape, dtype, mask)) in shapes.into_iter().enumerate() {
         let mut params = CaseParams::plain(shape);
         params.dtype = dtype;
         params.seed = i as u64;
@@ -46,7 +50,7 @@ fn gradients_do_not_depend_on_the_thread_count() {
             per_batch: true,
             per_head: false,
         });
-        params.options.mask = attn_spec::MaskKind::Causal;
+        params.options.mask = mask;
         let bc = BackCase::build(params);
         let p = &bc.case.problem;
         let run = |threads: usize| {

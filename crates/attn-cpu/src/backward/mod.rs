@@ -27,7 +27,7 @@
 pub mod pairs;
 pub mod task;
 
-use crate::blocking::{BWD_KEYS, BWD_MIN_TASKS, BWD_ROWS, LANES};
+use crate::blocking::{BWD_KEYS, BWD_KEYS_BANDED, BWD_MIN_TASKS, BWD_ROWS, LANES};
 use crate::element::CpuElement;
 use crate::simd::{vectorize, Isa, Op, Vector};
 use crate::{typed, Cpu};
@@ -73,13 +73,18 @@ pub struct Task {
     pub kvh: usize,
     /// The chunk's index.
     pub chunk: usize,
-    /// Its key blocks (of `BWD_KEYS` keys).
+    /// Its key blocks (of `keys` keys).
     pub blocks: Range<usize>,
+    /// Keys per block: [`BWD_KEYS`], or [`BWD_KEYS_BANDED`] for f32
+    /// products under a causal or sliding window.
+    pub keys: usize,
 }
 
 /// The cut of a problem into tasks: `chunks` per unit, the same key
 /// blocks for every unit.
 struct Plan {
+    /// Keys per block (`Task::keys`).
+    keys: usize,
     chunks: usize,
     /// Chunk `c` holds key blocks `cuts[c]..cuts[c + 1]`.
     cuts: Vec<usize>,
@@ -88,17 +93,25 @@ struct Plan {
 }
 
 impl Plan {
-    fn of(p: &Problem) -> Plan {
+    /// The plan of `p`; `pairs`: its products run on bf16 pairs
+    /// (`Ctx::dot16`).
+    fn of(p: &Problem, pairs: bool) -> Plan {
         let s = p.shape;
         let units = s.batch * s.kv_heads;
-        let blocks = s.kv_len.div_ceil(BWD_KEYS).max(1);
+        let banded = p.options.mask.window() != (None, None);
+        let keys = match banded && !pairs {
+            true => BWD_KEYS_BANDED,
+            false => BWD_KEYS,
+        };
+        let blocks = s.kv_len.div_ceil(keys).max(1);
         let chunks = BWD_MIN_TASKS.div_ceil(units).clamp(1, blocks);
         Plan {
+            keys,
             chunks,
             // One chunk needs no work profile.
             cuts: match chunks {
                 1 => vec![0, blocks],
-                _ => cuts(&block_work(p, blocks), chunks),
+                _ => cuts(&block_work(p, (blocks, keys)), chunks),
             },
             rows: round_up(s.q_len, BWD_ROWS),
         }
@@ -115,6 +128,7 @@ impl Plan {
                         kvh,
                         chunk: c,
                         blocks: self.cuts[c]..self.cuts[c + 1],
+                        keys: self.keys,
                     });
                 }
             }
@@ -127,9 +141,9 @@ impl Plan {
 /// pairs inside each row's key range (`kv_range`: causal and sliding
 /// windows, lengths), plus a fixed share for packing the block. From the
 /// shape and masks alone, in `O(batch (q_len + kv_len))`.
-fn block_work(p: &Problem, blocks: usize) -> Vec<u64> {
+fn block_work(p: &Problem, (blocks, keys): (usize, usize)) -> Vec<u64> {
     let s = p.shape;
-    let mut work = vec![(BWD_KEYS * 8) as u64; blocks];
+    let mut work = vec![(keys * 8) as u64; blocks];
     // Rows that see each key: +1 where a row's range starts, -1 past its
     // end, summed in key order.
     let mut edges = vec![0i64; s.kv_len + 1];
@@ -146,7 +160,7 @@ fn block_work(p: &Problem, blocks: usize) -> Vec<u64> {
         let mut rows = 0i64;
         for (j, e) in edges[..s.kv_len].iter().enumerate() {
             rows += e;
-            work[j / BWD_KEYS] += rows as u64;
+            work[j / keys] += rows as u64;
         }
     }
     work
@@ -425,7 +439,7 @@ fn backward_typed<T: CpuElement>(
         mask,
         dot16: cfg!(target_arch = "x86_64") && isa >= Isa::Avx512Bf16 && T::DTYPE == DType::Bf16,
     };
-    let plan = Plan::of(p);
+    let plan = Plan::of(p, ctx.dot16);
     let tasks = plan.tasks(p);
     let group = s.group();
     let dqkp = round_up(s.head_dim_qk, LANES);

@@ -1,5 +1,6 @@
 //! One task of the backward pass: one (batch entry, K/V head) over one
-//! chunk of key blocks. For each key block (`BWD_KEYS` keys, packed once:
+//! chunk of key blocks. For each key block (`task.keys` keys, at most
+//! `BWD_KEYS`, the row stride of the block's buffers; packed once:
 //! K rows, K^T, V^T), every query block (`BWD_ROWS` positions of one
 //! query head of the group) that sees it recomputes its probabilities
 //! from the stored log-sum-exp and runs FlashAttention-2's five products
@@ -145,6 +146,10 @@ pub fn run<V: Vector, T: CpuElement>(
     task: &Task,
     ws: &mut Scratch,
 ) {
+    // Keys per block, and the row stride of the block's tiles (K^T, V^T,
+    // S and dP): the buffers are sized for BWD_KEYS.
+    let ks = task.keys;
+    assert!(ks <= BWD_KEYS && ks.is_multiple_of(LANES));
     outs.clear_parts(task);
     let p = ctx.p;
     let s = p.shape;
@@ -211,10 +216,13 @@ pub fn run<V: Vector, T: CpuElement>(
         && !task.blocks.is_empty()
         && group * ql < 1 << 30
         && pairs::pack_task(ws, (group, ql), (dqk, dv));
+    // (The pair buffers and products take rows of BWD_KEYS: the plan
+    // gives the bf16 products whole blocks.)
+    assert!(!pairs || ks == BWD_KEYS);
     let blocks = task.blocks.clone();
     for blk in blocks {
-        let j0 = blk * BWD_KEYS;
-        let all = BWD_KEYS.min(s.kv_len - j0);
+        let j0 = blk * task.keys;
+        let all = task.keys.min(s.kv_len - j0);
         let n = all.min(kl.saturating_sub(j0));
         if n == 0 || ql == 0 {
             outs.write_kv(ctx, (b, kvh, j0), (0, all), (&ws.dk, dqkp), (&ws.dv, dvp));
@@ -232,20 +240,20 @@ pub fn run<V: Vector, T: CpuElement>(
             let dst = &mut ws.kr[r * dqkp..r * dqkp + dqk];
             read_row::<V, T>(ctx.k, &p.k, [b, j0 + r, kvh], dst);
             for (d, &x) in dst.iter().enumerate() {
-                ws.kt[d * BWD_KEYS + r] = x;
+                ws.kt[d * ks + r] = x;
             }
             let row = &mut ws.row[..dv];
             read_row::<V, T>(ctx.v, &p.v, [b, j0 + r, kvh], row);
             for (d, &x) in row.iter().enumerate() {
-                ws.vt[d * BWD_KEYS + r] = x;
+                ws.vt[d * ks + r] = x;
             }
         }
         for r in n..ncols {
             for d in 0..dqk {
-                ws.kt[d * BWD_KEYS + r] = 0.0;
+                ws.kt[d * ks + r] = 0.0;
             }
             for d in 0..dv {
-                ws.vt[d * BWD_KEYS + r] = 0.0;
+                ws.vt[d * ks + r] = 0.0;
             }
         }
         // K^T, V^T and K as pairs, when the block's keys and values fit
@@ -294,7 +302,7 @@ pub fn run<V: Vector, T: CpuElement>(
                     bh: (b, h),
                     rows: (i0, mq),
                     keys: (j0, n),
-                    stride: BWD_KEYS,
+                    stride: ks,
                 };
                 let slope = cap.is_some().then_some(&mut ws.slope[..]);
                 if block_pairs {
@@ -334,7 +342,7 @@ pub fn run<V: Vector, T: CpuElement>(
                     // SAFETY: qa has mqp rows of dqkp floats (the tile
                     // buffer holds BWD_ROWS >= mqp rows; a panel, BWD_ROWS
                     // spare rows past its last head's), kt dqk rows of
-                    // BWD_KEYS, 0 past the block's keys; mqp is mq rounded
+                    // ks, 0 past the block's keys; mqp is mq rounded
                     // up to mr.
                     unsafe {
                         score_probs::<V>(
@@ -354,9 +362,9 @@ pub fn run<V: Vector, T: CpuElement>(
                             da,
                             (dvp, 1),
                             ws.vt.as_ptr(),
-                            BWD_KEYS,
+                            ks,
                             ws.dp.as_mut_ptr(),
-                            BWD_KEYS,
+                            ks,
                             false,
                         )
                     };
@@ -364,14 +372,12 @@ pub fn run<V: Vector, T: CpuElement>(
                 // dS = P (dP - D); the bias gradient; dsc = dS dx/d(q.k).
                 let tile = ((b, h), (i0, mq), (j0, n));
                 let (max, min, finite) = match block_pairs {
-                    true => ds_tile::<V, T, true>(ctx, outs, tile, ws),
-                    false => ds_tile::<V, T, false>(ctx, outs, tile, ws),
+                    true => ds_tile::<V, T, true>(ctx, outs, tile, ks, ws),
+                    false => ds_tile::<V, T, false>(ctx, outs, tile, ks, ws),
                 };
                 // Rows mq..mqp of the dQ product hold no row of this tile
                 // (they may be the next rows of the block): they add 0.
-                ws.dp[mq * BWD_KEYS..mqp * BWD_KEYS]
-                    .iter_mut()
-                    .for_each(|x| *x = 0.0);
+                ws.dp[mq * ks..mqp * ks].iter_mut().for_each(|x| *x = 0.0);
                 // The three products: on pairs (`pairs.rs`), dV always and
                 // dK, dQ when the tile's dS fits a scale; else in f32.
                 let mut ds_done = false;
@@ -384,15 +390,15 @@ pub fn run<V: Vector, T: CpuElement>(
                     };
                     ds_done = pairs::products(ws, (outs, task, hh), g, (max, min, finite));
                 } else {
-                    // s holds mq rows of BWD_KEYS floats (A read
-                    // transposed: key r, row kk at kk * BWD_KEYS + r, r <
-                    // nk <= BWD_KEYS), d_o mq rows of dvp, dv nk rows.
+                    // s holds mq rows of ks floats (A read
+                    // transposed: key r, row kk at kk * ks + r, r <
+                    // nk <= ks), d_o mq rows of dvp, dv nk rows.
                     // SAFETY: every extent above is inside its buffer.
                     unsafe {
                         gemm::<V>(
                             (nk, dvp, mq),
                             ws.s.as_ptr(),
-                            (1, BWD_KEYS),
+                            (1, ks),
                             da,
                             dvp,
                             ws.dv.as_mut_ptr(),
@@ -411,7 +417,7 @@ pub fn run<V: Vector, T: CpuElement>(
                         gemm::<V>(
                             (nk, dqkp, mq),
                             ws.dp.as_ptr(),
-                            (1, BWD_KEYS),
+                            (1, ks),
                             qa,
                             dqkp,
                             ws.dk.as_mut_ptr(),
@@ -422,7 +428,7 @@ pub fn run<V: Vector, T: CpuElement>(
                         gemm::<V>(
                             (mqp, dqkp, n),
                             ws.dp.as_ptr(),
-                            (BWD_KEYS, 1),
+                            (ks, 1),
                             ws.kr.as_ptr(),
                             dqkp,
                             part,
@@ -437,7 +443,7 @@ pub fn run<V: Vector, T: CpuElement>(
     }
 }
 
-/// dS = P (dP - D) of one tile (`s` holds P, `dp` dP), the bias
+/// dS = P (dP - D) of one tile (`s` holds P, `dp` dP, rows `ks` apart), the bias
 /// gradient, and dsc = dS dx/d(q.k) into `dp`. With `PAIRS` (`pairs.rs`),
 /// P below 2^-126 is set to 0 first (in `s` too), and the largest and
 /// smallest nonzero |dsc| are returned with whether every row's D is
@@ -447,6 +453,7 @@ fn ds_tile<V: Vector, T: CpuElement, const PAIRS: bool>(
     ctx: &Ctx<'_, T>,
     outs: &Outs<T>,
     ((b, h), (i0, mq), (j0, n)): ((usize, usize), (usize, usize), (usize, usize)),
+    ks: usize,
     ws: &mut Scratch,
 ) -> (f32, f32, bool) {
     let p = ctx.p;
@@ -461,8 +468,8 @@ fn ds_tile<V: Vector, T: CpuElement, const PAIRS: bool>(
         let dr = ctx.d[(b * s.q_heads + h) * s.q_len + i];
         finite &= dr.is_finite();
         for c in 0..nvec {
-            let at = r * BWD_KEYS + c * LANES;
-            // SAFETY: at + 16 <= (r + 1) * BWD_KEYS in both tiles.
+            let at = r * ks + c * LANES;
+            // SAFETY: at + 16 <= (r + 1) * ks in both tiles.
             let (mut pv, dpv) = unsafe {
                 (
                     load::<V>(ws.s.as_ptr().add(at)),
