@@ -25,6 +25,7 @@
 //! summed) and a few hundred KiB per task.
 
 pub mod pairs;
+mod rows;
 pub mod task;
 
 use crate::blocking::{BWD_KEYS, BWD_KEYS_BANDED, BWD_MIN_TASKS, BWD_ROWS, LANES};
@@ -296,7 +297,8 @@ impl<T: CpuElement> Outs<T> {
     /// Writes dK and dV of keys `j0..j0 + all` of `(b, kvh)`: the first
     /// `n` from the f32 rows `dk` (stride `dqkp`) and `dv` (stride `dvp`),
     /// the others (past the sequence's keys) 0.
-    pub fn write_kv(
+    #[inline(always)]
+    pub fn write_kv<V: Vector>(
         &self,
         ctx: &Ctx<'_, T>,
         (b, kvh, j0): (usize, usize, usize),
@@ -315,40 +317,34 @@ impl<T: CpuElement> Outs<T> {
             for r in 0..all {
                 let base = view.index([b, j0 + r, kvh, 0]);
                 assert!(dim == 0 || base + (dim - 1) * step < len);
-                for d in 0..dim {
-                    let x = if r < n { src[r * stride + d] } else { 0.0 };
-                    // SAFETY: in bounds (asserted); key row j0 + r of head
-                    // kvh is written by this task only.
-                    unsafe { *dst.add(base + d * step) = T::from_f32(x) };
-                }
+                let row = (r < n).then(|| &src[r * stride..][..dim]);
+                // SAFETY: in bounds (asserted); key row j0 + r of head kvh
+                // is written by this task only.
+                unsafe { rows::store_row::<V, T>(row, dst, (base, step, dim)) };
             }
         }
     }
 }
 
-/// A gradient buffer written row by row from several threads.
+/// dQ, written from several threads, one (batch entry, head) each.
 struct SharedRows<T> {
     ptr: *mut T,
     len: usize,
 }
 
-// SAFETY: written only through `write`, whose callers write disjoint rows
-// (one (batch, head) each; the view was validated not to alias) while the
-// buffer is borrowed mutably.
+impl<T> SharedRows<T> {
+    /// The buffer's start and length.
+    fn raw(&self) -> (*mut T, usize) {
+        (self.ptr, self.len)
+    }
+}
+
+// SAFETY: written only by `rows::DqRows`, each call its own (batch, head)
+// rows (the view was validated not to alias) while the buffer is borrowed
+// mutably.
 unsafe impl<T: Send> Send for SharedRows<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for SharedRows<T> {}
-
-impl<T: CpuElement> SharedRows<T> {
-    /// Writes `row` at `base`, `step` apart.
-    fn write(&self, base: usize, step: usize, row: &[f32]) {
-        assert!(row.is_empty() || base + (row.len() - 1) * step < self.len);
-        for (c, &x) in row.iter().enumerate() {
-            // SAFETY: in bounds (asserted); no other caller writes this row.
-            unsafe { *self.ptr.add(base + c * step) = T::from_f32(x) };
-        }
-    }
-}
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Option<task::Scratch>> = const { std::cell::RefCell::new(None) };
@@ -405,16 +401,16 @@ fn backward_typed<T: CpuElement>(
     // D = rowsum(dO * O), f32.
     let mut d = vec![0.0f32; s.batch * s.q_heads * s.q_len];
     let d_rows = |(bh, rows): (usize, &mut [f32])| {
-        let (b, h) = (bh / s.q_heads, bh % s.q_heads);
-        for (i, x) in rows.iter_mut().enumerate() {
-            let (base, step) = (p.out.index([b, i, h, 0]), p.out.strides[3]);
-            let mut acc = 0.0f32;
-            for c in 0..s.head_dim_v {
-                let at = base + c * step;
-                acc += out[at].to_f32() * d_out[at].to_f32();
-            }
-            *x = acc;
-        }
+        vectorize(
+            isa,
+            rows::DRows {
+                p,
+                out,
+                d_out,
+                bh,
+                rows,
+            },
+        )
     };
     if s.q_len > 0 {
         if par {
@@ -503,28 +499,21 @@ fn backward_typed<T: CpuElement>(
     }
     // dQ: the chunks' partial rows, added in chunk order, one (batch,
     // head) per parallel step.
-    let dqk = s.head_dim_qk;
     let dq_out = SharedRows {
         ptr: dq.as_mut_ptr(),
         len: dq.len(),
     };
     let reduce = |bh: usize| {
-        let (b, h) = (bh / s.q_heads, bh % s.q_heads);
-        let (kvh, hh) = (h / group, h % group);
-        let unit = b * s.kv_heads + kvh;
-        let mut acc = vec![0.0f32; dqk];
-        for i in 0..s.q_len {
-            acc.iter_mut().for_each(|x| *x = 0.0);
-            if i < p.seq_lens(b).0 {
-                for ch in 0..plan.chunks {
-                    let at = (((unit * plan.chunks + ch) * group + hh) * plan.rows + i) * dqkp;
-                    acc.iter_mut()
-                        .zip(&parts[at..at + dqk])
-                        .for_each(|(a, &x)| *a += x);
-                }
-            }
-            dq_out.write(p.q.index([b, i, h, 0]), p.q.strides[3], &acc);
-        }
+        vectorize(
+            isa,
+            rows::DqRows {
+                p,
+                plan: &plan,
+                parts: &parts,
+                dq: dq_out.raw(),
+                bh,
+            },
+        )
     };
     if par {
         (0..s.batch * s.q_heads).into_par_iter().for_each(reduce);

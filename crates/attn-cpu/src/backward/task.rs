@@ -225,7 +225,7 @@ pub fn run<V: Vector, T: CpuElement>(
         let all = task.keys.min(s.kv_len - j0);
         let n = all.min(kl.saturating_sub(j0));
         if n == 0 || ql == 0 {
-            outs.write_kv(ctx, (b, kvh, j0), (0, all), (&ws.dk, dqkp), (&ws.dv, dvp));
+            outs.write_kv::<V>(ctx, (b, kvh, j0), (0, all), (&ws.dk, dqkp), (&ws.dv, dvp));
             continue;
         }
         let nvec = n.div_ceil(LANES);
@@ -439,7 +439,7 @@ pub fn run<V: Vector, T: CpuElement>(
                 }
             }
         }
-        outs.write_kv(ctx, (b, kvh, j0), (n, all), (&ws.dk, dqkp), (&ws.dv, dvp));
+        outs.write_kv::<V>(ctx, (b, kvh, j0), (n, all), (&ws.dk, dqkp), (&ws.dv, dvp));
     }
 }
 
