@@ -12,9 +12,10 @@
 //! | `dQ = dS K`   | `dS * 2^t`, pairs of keys (tile) | K, pairs of keys (block)    |
 //!
 //! (`dS` here is `dsc = dS g`, the gradient of `q . k`.) The last three
-//! run into tile buffers, added to dV, dK and dQ times the inverse power
-//! of two: exact unless the sum is subnormal, where it loses at most half
-//! the smallest subnormal, as an f32 product may.
+//! add into dV, dK and dQ times the inverse power of two, in one fused
+//! multiply-add per element as their tiles leave the registers
+//! (`PairOut::Add`): the scaled product is exact, so this rounds as the
+//! f32 sum would; where it is subnormal it rounds once, not twice.
 //!
 //! **Why nothing flushes.** A nonzero normal bf16 is `a = m 2^(e - 7)`
 //! with an integer `m` in `[128, 256)`, so the product of `a` and `b` is a
@@ -46,7 +47,7 @@
 use super::task::{round_up, Scratch};
 use super::{Outs, Task};
 use crate::blocking::{BWD_KEYS, BWD_ROWS, LANES};
-use crate::dot16::{pack_words, BACKWARD};
+use crate::dot16::{pack_words, PairOut, BACKWARD};
 use crate::element::CpuElement;
 
 /// `P` is scaled by `2^P_EXP` before it is rounded to bf16.
@@ -70,15 +71,6 @@ pub fn ds_exp(max: f32, min: f32) -> Option<i32> {
     let exp = |x: f32| ((x.to_bits() >> 23) & 0xff) as i32 - 127;
     let t = (55 - exp(max)).min(126);
     (exp(min) + t >= -72).then_some(t)
-}
-
-/// `dst[i] += src[i] * f` for the first `n` elements (`f` a power of two:
-/// the product is exact unless subnormal).
-#[inline(always)]
-pub fn add_scaled(dst: &mut [f32], src: &[f32], f: f32, n: usize) {
-    for (d, &s) in dst[..n].iter_mut().zip(&src[..n]) {
-        *d += s * f;
-    }
 }
 
 /// Packs the task's Q and dO panels (`ws.qp`, `ws.dop`: `group * ql`
@@ -135,13 +127,6 @@ pub fn pack_task(ws: &mut Scratch, (group, ql): (usize, usize), (dqk, dv): (usiz
         (&mut ws.k2r, BWD_KEYS / 2 * dqkp),
     ] {
         buf.resize(len, 0);
-    }
-    for (buf, len) in [
-        (&mut ws.tq, BWD_ROWS * dqkp),
-        (&mut ws.tk, BWD_KEYS * dqkp),
-        (&mut ws.tv, BWD_KEYS * dvp),
-    ] {
-        buf.resize(len, 0.0);
     }
     true
 }
@@ -230,9 +215,8 @@ pub fn products<T: CpuElement>(
             && at2.1 * BWD_KEYS <= ws.p2.len()
             && mqp * BWD_KEYS / 2 <= ws.ds2c.len()
             && n.div_ceil(2) * dqkp <= ws.k2r.len()
-            && nk * dqkp <= ws.tk.len()
-            && nk * dvp <= ws.tv.len()
-            && mqp * dqkp <= ws.tq.len()
+            && nk * dqkp <= ws.dk.len()
+            && nk * dvp <= ws.dv.len()
     );
     // SAFETY: s and dp hold mqp rows of BWD_KEYS >= ncols floats, their P
     // and dsc normal or 0 (P below 2^-126 was set to 0 and the rest is at
@@ -252,9 +236,8 @@ pub fn products<T: CpuElement>(
             (nk, dvp, at2.1),
             (ws.p2.as_ptr(), 1, BWD_KEYS),
             (ws.do2r[at2.0 * dvp..].as_ptr(), dvp),
-            (ws.tv.as_mut_ptr(), dvp),
+            (ws.dv.as_mut_ptr(), dvp, PairOut::Add(pow2(-P_EXP))),
         );
-        add_scaled(&mut ws.dv, &ws.tv, pow2(-P_EXP), nk * dvp);
         if let Some(t) = t {
             crate::dot16::round_tile(
                 (ws.dp.as_ptr(), BWD_KEYS),
@@ -270,25 +253,21 @@ pub fn products<T: CpuElement>(
                 (ws.ds2c.as_mut_ptr(), BWD_KEYS / 2),
                 true,
             );
+            let back = PairOut::Add(pow2(-t));
             crate::dot16::gemm_pairs(
                 (nk, dqkp, at2.1),
                 (ws.ds2r.as_ptr(), 1, BWD_KEYS),
                 (ws.q2r[at2.0 * dqkp..].as_ptr(), dqkp),
-                (ws.tk.as_mut_ptr(), dqkp),
+                (ws.dk.as_mut_ptr(), dqkp, back),
             );
+            // (part_rows gives mqp rows of dqkp floats that only this task
+            // writes.)
             crate::dot16::gemm_pairs(
                 (mqp, dqkp, n.div_ceil(2)),
                 (ws.ds2c.as_ptr(), BWD_KEYS / 2, 1),
                 (ws.k2r.as_ptr(), dqkp),
-                (ws.tq.as_mut_ptr(), dqkp),
+                (outs.part_rows(task, hh, i0, mqp), dqkp, back),
             );
-            let back = pow2(-t);
-            add_scaled(&mut ws.dk, &ws.tk, back, nk * dqkp);
-            let part = outs.part_rows(task, hh, i0, mqp);
-            // SAFETY: part_rows gives mqp rows of dqkp floats that only
-            // this task writes.
-            let part = std::slice::from_raw_parts_mut(part, mqp * dqkp);
-            add_scaled(part, &ws.tq, back, mqp * dqkp);
             ds_done = true;
         }
     }

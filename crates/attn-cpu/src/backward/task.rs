@@ -20,6 +20,7 @@
 
 use super::{pairs, Ctx, Outs, Task};
 use crate::blocking::{BWD_KEYS, BWD_PANEL_BYTES, BWD_ROWS, LANES};
+use crate::dot16::PairOut;
 use crate::element::CpuElement;
 use crate::microkernel::gemm::gemm;
 use crate::pack::{prefetch_rows, Hint};
@@ -59,14 +60,10 @@ pub struct Scratch {
     pub(super) kt2: Vec<u32>,
     pub(super) vt2: Vec<u32>,
     pub(super) k2r: Vec<u32>,
-    /// A tile's P and dS as pairs of rows, dS as pairs of keys, and the
-    /// three products' tile results.
+    /// A tile's P and dS as pairs of rows, and dS as pairs of keys.
     pub(super) p2: Vec<u32>,
     pub(super) ds2r: Vec<u32>,
     pub(super) ds2c: Vec<u32>,
-    pub(super) tq: Vec<f32>,
-    pub(super) tk: Vec<f32>,
-    pub(super) tv: Vec<f32>,
     /// The padded head dims the tile buffers were sized for.
     pub(super) dims: (usize, usize),
 }
@@ -110,9 +107,6 @@ impl Scratch {
             p2: Vec::new(),
             ds2r: Vec::new(),
             ds2c: Vec::new(),
-            tq: Vec::new(),
-            tk: Vec::new(),
-            tv: Vec::new(),
             dims: (dqkp, dvp),
         }
     }
@@ -328,13 +322,13 @@ pub fn run<V: Vector, T: CpuElement>(
                             (mqp, ncols, kq),
                             (ws.q2[at * wq..].as_ptr(), wq, 1),
                             (ws.kt2.as_ptr(), BWD_KEYS),
-                            (ws.s.as_mut_ptr(), BWD_KEYS),
+                            (ws.s.as_mut_ptr(), BWD_KEYS, PairOut::Set),
                         );
                         crate::dot16::gemm_pairs(
                             (mqp, ncols, kv),
                             (ws.do2[at * wv..].as_ptr(), wv, 1),
                             (ws.vt2.as_ptr(), BWD_KEYS),
-                            (ws.dp.as_mut_ptr(), BWD_KEYS),
+                            (ws.dp.as_mut_ptr(), BWD_KEYS, PairOut::Set),
                         );
                     }
                     probabilities::<V>(&scores, tile, &mut ws.s, &mut ws.add, slope);

@@ -15,6 +15,7 @@
 // Index loops on purpose: they unroll in place.
 #![allow(clippy::needless_range_loop)]
 
+use super::PairOut;
 use crate::microkernel::dispatch_m;
 use crate::simd::avx512::V16;
 use std::arch::x86_64::*;
@@ -250,7 +251,7 @@ unsafe fn pair_tile<const NV: usize>(
     k2: usize,
     (a, a_rs, a_cs): (*const u32, usize, usize),
     (b, b_rs): (*const u32, usize),
-    (c, c_rs): (*mut f32, usize),
+    (c, c_rs, out): (*mut f32, usize, PairOut),
 ) {
     const MR: usize = 12;
     // SAFETY: every access is within the extents of the contract above.
@@ -270,7 +271,14 @@ unsafe fn pair_tile<const NV: usize>(
         }
         for r in 0..MR {
             for v in 0..NV {
-                _mm512_storeu_ps(c.add(r * c_rs + 16 * v), acc[r][v]);
+                let at = c.add(r * c_rs + 16 * v);
+                let x = match out {
+                    PairOut::Set => acc[r][v],
+                    PairOut::Add(f) => {
+                        _mm512_fmadd_ps(acc[r][v], _mm512_set1_ps(f), _mm512_loadu_ps(at))
+                    }
+                };
+                _mm512_storeu_ps(at, x);
             }
         }
     }
@@ -280,7 +288,8 @@ unsafe fn pair_tile<const NV: usize>(
 /// products): word `(r, kk)` of `A` at `a + r * a_rs + kk * a_cs` holds
 /// the pair of row `r`'s elements `2kk`, `2kk + 1`; `B` row `kk` is `n`
 /// words at `b + kk * b_rs` (column `c`'s elements `2kk`, `2kk + 1`); `C`
-/// rows of `n` floats, `c_rs` apart, overwritten. Tiles of 12 rows x 32
+/// rows of `n` floats, `c_rs` apart, overwritten or added into as `out`
+/// says. Tiles of 12 rows x 32
 /// columns (24 accumulators, two streamed vectors, one broadcast), and 12
 /// x 16 for a last 16 columns.
 ///
@@ -293,7 +302,7 @@ pub unsafe fn gemm_pairs(
     (m, n, k2): (usize, usize, usize),
     (a, a_rs, a_cs): (*const u32, usize, usize),
     (b, b_rs): (*const u32, usize),
-    (c, c_rs): (*mut f32, usize),
+    (c, c_rs, out): (*mut f32, usize, PairOut),
 ) {
     assert!(m.is_multiple_of(12) && n.is_multiple_of(16));
     // SAFETY: every tile is within the extents of the contract above.
@@ -302,11 +311,21 @@ pub unsafe fn gemm_pairs(
             let at = (a.add(r0 * a_rs), a_rs, a_cs);
             let mut c0 = 0;
             while c0 + 32 <= n {
-                pair_tile::<2>(k2, at, (b.add(c0), b_rs), (c.add(r0 * c_rs + c0), c_rs));
+                pair_tile::<2>(
+                    k2,
+                    at,
+                    (b.add(c0), b_rs),
+                    (c.add(r0 * c_rs + c0), c_rs, out),
+                );
                 c0 += 32;
             }
             if c0 < n {
-                pair_tile::<1>(k2, at, (b.add(c0), b_rs), (c.add(r0 * c_rs + c0), c_rs));
+                pair_tile::<1>(
+                    k2,
+                    at,
+                    (b.add(c0), b_rs),
+                    (c.add(r0 * c_rs + c0), c_rs, out),
+                );
             }
         }
     }
@@ -593,6 +612,9 @@ mod tests {
                 .map(|i| word(b(val(2 * i)), b(val(2 * i + 1))))
                 .collect();
             let mut c = vec![f32::NAN; m * c_rs];
+            // Added into: C0 + 2^-3 (A B), one rounding each.
+            let c0: Vec<f32> = (0..m * c_rs).map(|i| val(5 * i + 1)).collect();
+            let mut added = c0.clone();
             // SAFETY: extents as the contract states, allocated above; the
             // CPU runs the level (checked).
             unsafe {
@@ -600,9 +622,19 @@ mod tests {
                     (m, n, k2),
                     (a.as_ptr(), a_rs, a_cs),
                     (bm.as_ptr(), b_rs),
-                    (c.as_mut_ptr(), c_rs),
-                )
+                    (c.as_mut_ptr(), c_rs, PairOut::Set),
+                );
+                gemm_pairs(
+                    (m, n, k2),
+                    (a.as_ptr(), a_rs, a_cs),
+                    (bm.as_ptr(), b_rs),
+                    (added.as_mut_ptr(), c_rs, PairOut::Add(0.125)),
+                );
             };
+            for (i, (&x, &y)) in c.iter().zip(&c0).enumerate() {
+                let want = if i % c_rs < n { y + x * 0.125 } else { y };
+                assert_eq!(added[i].to_bits(), want.to_bits(), "added {i}");
+            }
             for r in 0..m {
                 for col in 0..n {
                     let (mut want, mut mag) = (0.0, 0.0);

@@ -100,7 +100,7 @@ pub unsafe fn gemm_pairs(
     mnk: (usize, usize, usize),
     a: (*const u32, usize, usize),
     b: (*const u32, usize),
-    c: (*mut f32, usize),
+    c: (*mut f32, usize, PairOut),
 ) {
     assert!(
         Isa::Avx512Bf16.supported(),
@@ -113,6 +113,17 @@ pub unsafe fn gemm_pairs(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (mnk, a, b, c);
+}
+
+/// How [`gemm_pairs`] leaves its product in `C`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PairOut {
+    /// `C = A B`.
+    Set,
+    /// `C += f (A B)`, in one rounding per element (a fused multiply-add:
+    /// with `f` a power of two, as the separate product and sum round
+    /// unless `f (A B)` is subnormal, where it rounds once, not twice).
+    Add(f32),
 }
 
 /// Packs f32 that are bf16 values into bf16 words, as
