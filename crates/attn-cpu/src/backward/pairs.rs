@@ -45,7 +45,7 @@
 //! 16-bit kernel (SEMANTICS §7b) and the bound's `u_in` terms cover.
 
 use super::task::{round_up, Scratch};
-use super::{Outs, Task};
+use super::{Ctx, Outs, Task};
 use crate::blocking::{BWD_KEYS, BWD_ROWS, LANES};
 use crate::dot16::{pack_words, PairOut, BACKWARD};
 use crate::element::CpuElement;
@@ -129,6 +129,60 @@ pub fn pack_task(ws: &mut Scratch, (group, ql): (usize, usize), (dqk, dv): (usiz
         buf.resize(len, 0);
     }
     true
+}
+
+/// Whether the key blocks of `p` can be packed as pairs straight from
+/// its bf16 K and V rows ([`block_from_inputs`]): rows contiguous, head
+/// dims even.
+pub fn from_inputs(p: &attn_spec::Problem) -> bool {
+    let s = p.shape;
+    p.k.strides[3] == 1
+        && p.v.strides[3] == 1
+        && s.head_dim_qk.is_multiple_of(2)
+        && s.head_dim_v.is_multiple_of(2)
+}
+
+/// [`pack_block`]'s pairs (`kt2`, `vt2`, `k2r`) of key block `j0..j0 + n`
+/// of `(b, kvh)`, bit for bit, straight from the bf16 inputs
+/// (`dot16::key_block_pairs`): no f32 K^T and V^T on the way. Returns
+/// whether every element is 0 or in [`BACKWARD`]; if not, the caller
+/// packs the block in f32 and runs its products there.
+pub fn block_from_inputs<T: CpuElement>(
+    ctx: &Ctx<'_, T>,
+    ws: &mut Scratch,
+    (b, kvh): (usize, usize),
+    (j0, n): (usize, usize),
+) -> bool {
+    let p = ctx.p;
+    let (dqk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
+    let (dqkp, dvp) = (round_up(dqk, LANES), round_up(dv, LANES));
+    assert!(
+        T::DTYPE == attn_spec::DType::Bf16
+            && size_of::<T>() == 2
+            && from_inputs(p)
+            && n <= BWD_KEYS
+            && ws.k2r.len() >= n.div_ceil(2) * dqkp
+    );
+    // SAFETY: T is bf16 (asserted): two bytes of plain bits each.
+    let bits = |x: &[T]| unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u16>(), x.len()) };
+    ws.kt2.resize(dqkp / 2 * BWD_KEYS, 0);
+    ws.vt2.resize(dvp / 2 * BWD_KEYS, 0);
+    // SAFETY: rows contiguous and dims even (asserted); kt2 and vt2 hold
+    // dqk / 2 and dv / 2 rows of BWD_KEYS >= round_up(n, 16) words, k2r
+    // ceil(n / 2) rows of dqkp >= dqk words (sized above, asserted);
+    // dot16 checks the CPU.
+    unsafe {
+        crate::dot16::key_block_pairs(
+            (bits(ctx.k), &p.k),
+            (bits(ctx.v), &p.v),
+            (b, kvh),
+            (j0, n),
+            (dqk, dv),
+            (ws.kt2.as_mut_ptr(), ws.vt2.as_mut_ptr(), BWD_KEYS),
+            (ws.k2r.as_mut_ptr(), dqkp),
+            BACKWARD,
+        )
+    }
 }
 
 /// Packs a key block of `n` keys (`ws.kt`, `ws.vt`: K^T and V^T, and

@@ -224,35 +224,50 @@ pub fn run<V: Vector, T: CpuElement>(
         }
         let nvec = n.div_ceil(LANES);
         let ncols = nvec * LANES;
-        // Pack the key block: K rows, K^T, V^T (f32).
+        // On pairs, K^T, V^T and K's pairs of keys straight from the bf16
+        // rows when they lie so (`pairs::block_from_inputs`); else, or
+        // when the block's values do not fit, K^T and V^T in f32 (packed
+        // as pairs by `pairs::pack_block` in the first case). K's f32
+        // rows always: a tile whose dS fits no scale runs dQ in f32.
+        let direct = pairs && pairs::from_inputs(p);
+        let mut block_pairs = direct && pairs::block_from_inputs(ctx, ws, (b, kvh), (j0, n));
+        let transposed = !block_pairs;
         for r in 0..n {
             if r + PACK_AHEAD < n {
                 let next = (j0 + r + PACK_AHEAD, 1);
                 prefetch_rows(ctx.k, &p.k, (b, kvh), next, dqk, Hint::L1);
-                prefetch_rows(ctx.v, &p.v, (b, kvh), next, dv, Hint::L1);
+                if transposed {
+                    prefetch_rows(ctx.v, &p.v, (b, kvh), next, dv, Hint::L1);
+                }
             }
             let dst = &mut ws.kr[r * dqkp..r * dqkp + dqk];
             read_row::<V, T>(ctx.k, &p.k, [b, j0 + r, kvh], dst);
-            for (d, &x) in dst.iter().enumerate() {
-                ws.kt[d * ks + r] = x;
-            }
-            let row = &mut ws.row[..dv];
-            read_row::<V, T>(ctx.v, &p.v, [b, j0 + r, kvh], row);
-            for (d, &x) in row.iter().enumerate() {
-                ws.vt[d * ks + r] = x;
-            }
-        }
-        for r in n..ncols {
-            for d in 0..dqk {
-                ws.kt[d * ks + r] = 0.0;
-            }
-            for d in 0..dv {
-                ws.vt[d * ks + r] = 0.0;
+            if transposed {
+                for (d, &x) in dst.iter().enumerate() {
+                    ws.kt[d * ks + r] = x;
+                }
+                let row = &mut ws.row[..dv];
+                read_row::<V, T>(ctx.v, &p.v, [b, j0 + r, kvh], row);
+                for (d, &x) in row.iter().enumerate() {
+                    ws.vt[d * ks + r] = x;
+                }
             }
         }
-        // K^T, V^T and K as pairs, when the block's keys and values fit
-        // too.
-        let block_pairs = pairs && pairs::pack_block(ws, n, (dqk, dv));
+        if transposed {
+            for r in n..ncols {
+                for d in 0..dqk {
+                    ws.kt[d * ks + r] = 0.0;
+                }
+                for d in 0..dv {
+                    ws.vt[d * ks + r] = 0.0;
+                }
+            }
+        }
+        if !direct {
+            // K^T, V^T and K as pairs, when the block's keys and values
+            // fit too.
+            block_pairs = pairs && pairs::pack_block(ws, n, (dqk, dv));
+        }
         let nk = round_up(n, mr);
         ws.dk[..nk * dqkp].iter_mut().for_each(|x| *x = 0.0);
         ws.dv[..nk * dvp].iter_mut().for_each(|x| *x = 0.0);

@@ -115,6 +115,38 @@ pub unsafe fn gemm_pairs(
     let _ = (mnk, a, b, c);
 }
 
+/// A key block of the backward as pairs straight from the bf16 inputs
+/// (`pairs::key_block_pairs`, which states the layouts): `K^T` and `V^T`
+/// in pairs of their rows, K in pairs of keys. Returns whether every
+/// element is 0 or in `win`.
+///
+/// # Safety
+/// As `pairs::key_block_pairs`, whose CPU requirement is checked here.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn key_block_pairs(
+    k: (&[u16], &attn_spec::View),
+    v: (&[u16], &attn_spec::View),
+    head: (usize, usize),
+    keys: (usize, usize),
+    dims: (usize, usize),
+    t: (*mut u32, *mut u32, usize),
+    k2r: (*mut u32, usize),
+    win: Window,
+) -> bool {
+    assert!(
+        Isa::Avx512Bf16.supported(),
+        "the bf16 pair packing needs AVX512_BF16"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: forwarded from the caller; the CPU runs the level (asserted).
+    return unsafe { pairs::key_block_pairs(k, v, head, keys, dims, t, k2r, win) };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (k, v, head, keys, dims, t, k2r, win);
+        false
+    }
+}
+
 /// How [`gemm_pairs`] leaves its product in `C`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum PairOut {

@@ -222,6 +222,96 @@ pub(super) unsafe fn pack_v_pairs(
     fit && bad == 0
 }
 
+/// The backward's key block `j0..j0 + n` of (batch `b`, K/V head `g`)
+/// as pairs, straight from the bf16 inputs: `K^T` and `V^T` as pairs of
+/// their rows (`kt2`, `vt2`: `dk / 2` and `dv / 2` rows of `ld` words, 0
+/// past `n`; [`transpose_pairs`]) and K as pairs of keys (`k2r`:
+/// `ceil(n / 2)` rows of `ks` words, an odd last key paired with 0;
+/// [`pack_v_pairs`]). Returns whether every element of the block's K and V
+/// rows is 0 or in `win`.
+///
+/// # Safety
+/// K's and V's rows are contiguous (`strides[3] == 1`) and `dk`, `dv`
+/// even; `kt2`, `vt2` hold `dk / 2`, `dv / 2` rows of `ld >=
+/// round_up(n, 16)` words and `k2r` `ceil(n / 2)` rows of `ks >= dk`
+/// words; the CPU runs AVX-512 F, BW and BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn key_block_pairs(
+    (k, kv): (&[u16], &View),
+    (v, vv): (&[u16], &View),
+    (b, g): (usize, usize),
+    (j0, n): (usize, usize),
+    (dk, dv): (usize, usize),
+    (kt2, vt2, ld): (*mut u32, *mut u32, usize),
+    (k2r, ks): (*mut u32, usize),
+    win: super::Window,
+) -> bool {
+    assert!(kv.strides[3] == 1 && vv.strides[3] == 1 && dk % 2 == 0 && dv % 2 == 0 && ks >= dk);
+    if n == 0 {
+        return true;
+    }
+    let mut fit = true;
+    for (x, view, d, dst) in [(k, kv, dk, kt2), (v, vv, dv, vt2)] {
+        let (base, rs) = (view.index([b, j0, g, 0]), view.strides[1]);
+        assert!(base + (n - 1) * rs + d <= x.len());
+        // SAFETY: rows j0..j0 + n of d elements lie inside x (asserted);
+        // the destinations are the caller's.
+        fit &= unsafe { transpose_pairs((x[base..].as_ptr(), rs), (n, d / 2), (dst, ld), win) };
+    }
+    // K's elements were checked in K^T.
+    // SAFETY: k2r holds ceil(n / 2) rows of ks >= dk words; the rows lie
+    // inside k (the view's).
+    let _ = unsafe { pack_v_pairs(k, kv, (b, g), (j0, n), 0..n.div_ceil(2), dk, (k2r, ks)) };
+    fit
+}
+
+/// Rows `0..n` of a bf16 matrix (row `r`: `2 * w` elements at `src + r
+/// * rs`) transposed as words into `dst` (`w` rows of `ld` words): word
+/// `(c, r)` holds row `r`'s elements `2c` (low half) and `2c + 1`, and
+/// words `(c, n..round_up(n, 16))` are 0. A K or V block of the backward
+/// as `K^T` and `V^T` in pairs of their rows, straight from the input
+/// rows: 16 x 16 transposes of words, bit moves only. Returns whether
+/// every element is 0 or in `win`.
+///
+/// # Safety
+/// Elements `0..2 w` of each row `r < n` readable; `dst + c * ld + r`
+/// writable for `c < w`, `r < round_up(n, 16) <= ld`; the CPU runs
+/// AVX-512 F and BW.
+#[inline(always)]
+pub(super) unsafe fn transpose_pairs(
+    (src, rs): (*const u16, usize),
+    (n, w): (usize, usize),
+    (dst, ld): (*mut u32, usize),
+    win: super::Window,
+) -> bool {
+    assert!(n.div_ceil(LANES) * LANES <= ld);
+    let mut bad: __mmask32 = 0;
+    // SAFETY: every access is within the extents above; the CPU runs the
+    // features the caller guarantees.
+    unsafe {
+        for r0 in (0..n).step_by(LANES) {
+            let rows = (n - r0).min(LANES);
+            for c0 in (0..w).step_by(LANES) {
+                let cols = (w - c0).min(LANES);
+                let keep: __mmask16 = if cols == LANES { !0 } else { (1 << cols) - 1 };
+                // (A loop, not a closure: it would lose the target features.)
+                let mut blk = [V16::ZERO; LANES];
+                for (r, b) in blk.iter_mut().enumerate().take(rows) {
+                    let row = src.add((r0 + r) * rs + 2 * c0).cast::<i32>();
+                    let x = _mm512_maskz_loadu_epi32(keep, row);
+                    bad |= super::check::misfits_in(x, win);
+                    *b = V16(_mm512_castsi512_ps(x));
+                }
+                for (c, t) in V16::transpose16(blk).into_iter().take(cols).enumerate() {
+                    t.store(dst.add((c0 + c) * ld + r0).cast());
+                }
+            }
+        }
+    }
+    bad == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +371,99 @@ mod tests {
                         false => assert_eq!(at, 0xdead, "{odd:?}: row {i} column {c} written"),
                     }
                 }
+            }
+        }
+    }
+
+    /// The backward's key block in pairs straight from bf16 rows: K^T and
+    /// V^T word by word as the scalar pairing, 0 past the keys, K in pairs
+    /// of keys (an odd last key with 0), for blocks of 1 to 96 keys, head
+    /// dims that leave a partial 16 words, and a view with batch and head
+    /// strides; a value outside the window is reported.
+    #[test]
+    fn key_block_pairs_match_scalar_pairing() {
+        if !Isa::Avx512Bf16.supported() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        let (batch, seq, heads) = (2usize, 130usize, 3usize);
+        for (dk, dv) in [(64usize, 40usize), (2, 128)] {
+            let (kv, vv) = (
+                View::bshd(batch, seq, heads, dk),
+                View::bshd(batch, seq, heads, dv),
+            );
+            let val =
+                |i: usize| bf16::from_f32(((i * 37 + 11) % 101) as f32 * 0.031 - 1.5).to_bits();
+            let k: Vec<u16> = (0..batch * seq * heads * dk).map(val).collect();
+            let mut v: Vec<u16> = (0..batch * seq * heads * dv).map(|i| val(i + 7)).collect();
+            let word = |lo: u16, hi: u16| lo as u32 | (hi as u32) << 16;
+            for (j0, n) in [(0usize, 96usize), (96, 34), (5, 1), (33, 17)] {
+                let (b, g, ld, ks) = (1usize, 2usize, 96usize, dk + 16);
+                let mut kt2 = vec![u32::MAX; dk / 2 * ld];
+                let mut vt2 = vec![u32::MAX; dv / 2 * ld];
+                let mut k2r = vec![u32::MAX; n.div_ceil(2) * ks];
+                // SAFETY: the extents as the contract states; the CPU runs
+                // the level (checked).
+                let fit = unsafe {
+                    key_block_pairs(
+                        (&k, &kv),
+                        (&v, &vv),
+                        (b, g),
+                        (j0, n),
+                        (dk, dv),
+                        (kt2.as_mut_ptr(), vt2.as_mut_ptr(), ld),
+                        (k2r.as_mut_ptr(), ks),
+                        super::super::BACKWARD,
+                    )
+                };
+                assert!(fit);
+                let at =
+                    |x: &[u16], view: &View, j: usize, c: usize| x[view.index([b, j0 + j, g, c])];
+                for (t, x, view, d) in [(&kt2, &k, &kv, dk), (&vt2, &v, &vv, dv)] {
+                    for c in 0..d / 2 {
+                        for r in 0..n.div_ceil(16) * 16 {
+                            let want = match r < n {
+                                true => word(at(x, view, r, 2 * c), at(x, view, r, 2 * c + 1)),
+                                false => 0,
+                            };
+                            assert_eq!(
+                                t[c * ld + r],
+                                want,
+                                "d {d} block ({j0}, {n}) word ({c}, {r})"
+                            );
+                        }
+                    }
+                }
+                for kp in 0..n.div_ceil(2) {
+                    for c in 0..dk {
+                        let hi = if 2 * kp + 1 < n {
+                            at(&k, &kv, 2 * kp + 1, c)
+                        } else {
+                            0
+                        };
+                        assert_eq!(k2r[kp * ks + c], word(at(&k, &kv, 2 * kp, c), hi));
+                    }
+                }
+            }
+            // A subnormal value inside a block is reported, outside not.
+            v[vv.index([1, 40, 2, dv - 1])] = bf16::from_f32(1e-39).to_bits();
+            for (j0, n, want) in [(0usize, 48usize, false), (48, 8, true)] {
+                let mut t = vec![0u32; 128 / 2 * 96];
+                let mut k2r = vec![0u32; 48 * (dk + 16)];
+                // SAFETY: as above.
+                let fit = unsafe {
+                    key_block_pairs(
+                        (&k, &kv),
+                        (&v, &vv),
+                        (1, 2),
+                        (j0, n),
+                        (dk, dv),
+                        (t.as_mut_ptr(), t.as_mut_ptr(), 96),
+                        (k2r.as_mut_ptr(), dk + 16),
+                        super::super::BACKWARD,
+                    )
+                };
+                assert_eq!(fit, want, "block ({j0}, {n})");
             }
         }
     }
