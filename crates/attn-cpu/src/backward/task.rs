@@ -31,6 +31,8 @@ use attn_spec::{TileClass, View};
 /// Buffers of one task (allocated per task: a few hundred KiB).
 pub struct Scratch {
     pub(super) kr: Vec<f32>,
+    /// A key block's V rows (f32, padded to 16), for V^T.
+    pub(super) vr: Vec<f32>,
     pub(super) kt: Vec<f32>,
     pub(super) vt: Vec<f32>,
     pub(super) q: Vec<f32>,
@@ -41,7 +43,6 @@ pub struct Scratch {
     pub(super) dk: Vec<f32>,
     pub(super) dv: Vec<f32>,
     pub(super) add: Vec<f32>,
-    pub(super) row: Vec<f32>,
     /// `max(dqkp, dvp, BWD_KEYS)` zeros, never written: the partner of an
     /// odd last row or key when packing pairs.
     pub(super) zeros: Vec<f32>,
@@ -83,6 +84,7 @@ impl Scratch {
         let z = |n: usize| vec![0.0f32; n];
         Scratch {
             kr: z(BWD_KEYS * dqkp),
+            vr: z(BWD_KEYS * dvp),
             kt: z(dqkp * BWD_KEYS),
             vt: z(dvp * BWD_KEYS),
             q: z(BWD_ROWS * dqkp),
@@ -93,7 +95,6 @@ impl Scratch {
             dk: z(BWD_KEYS * dqkp),
             dv: z(BWD_KEYS * dvp),
             add: z(BWD_KEYS),
-            row: z(dqkp.max(dvp)),
             zeros: z(dqkp.max(dvp).max(BWD_KEYS)),
             qp: Vec::new(),
             dop: Vec::new(),
@@ -243,25 +244,13 @@ pub fn run<V: Vector, T: CpuElement>(
             let dst = &mut ws.kr[r * dqkp..r * dqkp + dqk];
             read_row::<V, T>(ctx.k, &p.k, [b, j0 + r, kvh], dst);
             if transposed {
-                for (d, &x) in dst.iter().enumerate() {
-                    ws.kt[d * ks + r] = x;
-                }
-                let row = &mut ws.row[..dv];
-                read_row::<V, T>(ctx.v, &p.v, [b, j0 + r, kvh], row);
-                for (d, &x) in row.iter().enumerate() {
-                    ws.vt[d * ks + r] = x;
-                }
+                let dst = &mut ws.vr[r * dvp..r * dvp + dv];
+                read_row::<V, T>(ctx.v, &p.v, [b, j0 + r, kvh], dst);
             }
         }
         if transposed {
-            for r in n..ncols {
-                for d in 0..dqk {
-                    ws.kt[d * ks + r] = 0.0;
-                }
-                for d in 0..dv {
-                    ws.vt[d * ks + r] = 0.0;
-                }
-            }
+            transpose_rows::<V>(&ws.kr, dqkp, n, &mut ws.kt, ks);
+            transpose_rows::<V>(&ws.vr, dvp, n, &mut ws.vt, ks);
         }
         if !direct {
             // K^T, V^T and K as pairs, when the block's keys and values
@@ -452,6 +441,33 @@ pub fn run<V: Vector, T: CpuElement>(
     }
 }
 
+/// Rows `0..n` of `src` (`w` floats each, `w` a multiple of 16) transposed
+/// into `dst` (`w` rows of `ld` floats), columns `n..round_up(n, 16)` 0:
+/// 16 x 16 blocks on the level's vectors (`Vector::transpose16`).
+#[inline(always)]
+fn transpose_rows<V: Vector>(src: &[f32], w: usize, n: usize, dst: &mut [f32], ld: usize) {
+    let ncols = n.div_ceil(LANES) * LANES;
+    assert!(
+        w.is_multiple_of(LANES)
+            && ncols <= ld
+            && n * w <= src.len()
+            && (w == 0 || (w - 1) * ld + ncols <= dst.len())
+    );
+    for r0 in (0..n).step_by(LANES) {
+        for c0 in (0..w).step_by(LANES) {
+            let mut blk = [V::ZERO; LANES];
+            for (r, x) in blk.iter_mut().enumerate().take(n - r0) {
+                // SAFETY: (r0 + r) * w + c0 + 16 <= n * w <= src.len().
+                *x = unsafe { load::<V>(src.as_ptr().add((r0 + r) * w + c0)) };
+            }
+            for (c, t) in V::transpose16(blk).into_iter().enumerate() {
+                // SAFETY: (c0 + c) * ld + r0 + 16 <= (w - 1) * ld + ncols.
+                unsafe { store(dst.as_mut_ptr().add((c0 + c) * ld + r0), t) };
+            }
+        }
+    }
+}
+
 /// dS = P (dP - D) of one tile (`s` holds P, `dp` dP, rows `ks` apart), the bias
 /// gradient, and dsc = dS dx/d(q.k) into `dp`. With `PAIRS` (`pairs.rs`),
 /// P below 2^-126 is set to 0 first (in `s` too), and the largest and
@@ -529,6 +545,32 @@ pub mod tests {
 
     pub fn no_panel() -> bool {
         NO_PANEL.load(Ordering::Relaxed)
+    }
+
+    fn transposes<V: crate::simd::Vector>() {
+        for (n, w) in [(1usize, 16usize), (16, 48), (37, 16), (96, 64)] {
+            let ld = 100;
+            let src: Vec<f32> = (0..n * w).map(|i| i as f32 + 0.5).collect();
+            let mut dst = vec![f32::NAN; w * ld];
+            super::transpose_rows::<V>(&src, w, n, &mut dst, ld);
+            for c in 0..w {
+                for r in 0..ld {
+                    let got = dst[c * ld + r];
+                    match r {
+                        _ if r < n => assert_eq!(got, src[r * w + c], "({n}, {w}) {c} {r}"),
+                        _ if r < n.div_ceil(16) * 16 => assert_eq!(got, 0.0),
+                        _ => assert!(got.is_nan(), "({n}, {w}) wrote {c} {r}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// A key block's rows transposed with 16 x 16 blocks: every element
+    /// in place, keys to the next 16 zero, nothing past them.
+    #[test]
+    fn transpose_rows_moves_every_element() {
+        crate::simd::for_each_vector!(transposes);
     }
 }
 
