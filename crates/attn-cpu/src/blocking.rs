@@ -62,10 +62,11 @@
 
 /// Query rows per block of the backward pass: a multiple of every level's
 /// `mr(1)` (2, 6, 12) so the products' row loops need no remainder, and
-/// large enough that a key block's packed K, K^T and V^T (48 KiB at d =
-/// 128) are reused by 96 rows. One query block's Q and dO rows, its three
-/// 96 x 48 tiles and a key block's dK and dV accumulators take about 250
-/// KiB at d = 128: L2-resident on every target core.
+/// large enough that a key block's packed K, K^T and V^T (144 KiB at d =
+/// 128 and 96 keys, f32) are reused by 96 rows. One query block's Q and
+/// dO rows, its three 96 x 96 tiles, a key block's packed rows and its dK
+/// and dV accumulators take about 500 KiB at d = 128: L2-resident on the
+/// target cores (1-2 MiB of L2 each).
 pub const BWD_ROWS: usize = 96;
 
 /// Most keys per block of the backward pass, and the row stride of its
@@ -84,6 +85,14 @@ pub const BWD_KEYS: usize = 96;
 /// more than the halved block work won. The bf16 products on `vdpbf16ps`
 /// run twice as fast, so their per-block work weighs more: they keep 96.
 pub const BWD_KEYS_BANDED: usize = 48;
+
+// Both block sizes: multiples of 16 (whole vectors of keys) and of every
+// level's mr(1) (12, 6, 2), the larger the buffers' stride.
+const _: () = assert!(
+    BWD_KEYS.is_multiple_of(48)
+        && BWD_KEYS_BANDED.is_multiple_of(48)
+        && BWD_KEYS_BANDED <= BWD_KEYS
+);
 
 /// A backward task packs its Q and dO rows (all heads of its GQA group)
 /// into f32 panels once, for all its key blocks, when they take at most

@@ -12,7 +12,7 @@
 //! are bitwise identical for any number of threads.
 
 use crate::backward::task::{read_row, round_up};
-use crate::blocking::{BWD_KEYS, BWD_ROWS, LANES};
+use crate::blocking::{BWD_KEYS_BANDED, BWD_ROWS, LANES};
 use crate::element::CpuElement;
 use crate::probs::{score_probs, Scores, Tile};
 use crate::simd::{vectorize, Isa, Op, Vector};
@@ -25,6 +25,12 @@ use std::ops::Range;
 
 /// Rows of a unit (a multiple of every level's `mr(1)`: 12, 6, 2).
 pub const MAP_ROWS: usize = BWD_ROWS;
+
+/// Keys per block of a unit, and the row stride of its K^T and score
+/// tiles: 48, three vectors of 16 (the size the maps were written and
+/// tested with; not retuned when the backward's unmasked blocks grew to
+/// 96).
+const MAP_KEYS: usize = BWD_KEYS_BANDED;
 
 /// The read-only side of a maps call.
 pub struct Ctx<'a, T> {
@@ -63,10 +69,10 @@ impl Scratch {
     fn new(dqk: usize) -> Self {
         let dqkp = round_up(dqk, LANES);
         Scratch {
-            kt: vec![0.0; dqkp * BWD_KEYS],
+            kt: vec![0.0; dqkp * MAP_KEYS],
             q: vec![0.0; MAP_ROWS * dqkp],
-            s: vec![0.0; MAP_ROWS * BWD_KEYS],
-            add: vec![0.0; BWD_KEYS],
+            s: vec![0.0; MAP_ROWS * MAP_KEYS],
+            add: vec![0.0; MAP_KEYS],
             dqkp,
         }
     }
@@ -95,8 +101,8 @@ pub fn run<V: Vector, T: CpuElement>(
     ws.q[mb * dqkp..mbp * dqkp]
         .iter_mut()
         .for_each(|x| *x = 0.0);
-    for j0 in (0..mask.kv_len).step_by(BWD_KEYS) {
-        let n = BWD_KEYS.min(mask.kv_len - j0);
+    for j0 in (0..mask.kv_len).step_by(MAP_KEYS) {
+        let n = MAP_KEYS.min(mask.kv_len - j0);
         if mask.classify(i0..i0 + mb, j0..j0 + n) == TileClass::Skip {
             continue;
         }
@@ -106,16 +112,16 @@ pub fn run<V: Vector, T: CpuElement>(
             let h = l.heads[hi];
             let kvh = s.kv_head(h);
             if packed != Some(kvh) {
-                // K^T of the block (dqk rows of BWD_KEYS), 0 past the keys.
+                // K^T of the block (dqk rows of MAP_KEYS), 0 past the keys.
                 for r in 0..n {
                     let row = &mut ws.s[..dqk];
                     read_row::<V, T>(ctx.k, &p.k, [b, j0 + r, kvh], row);
                     for (d, &x) in row.iter().enumerate() {
-                        ws.kt[d * BWD_KEYS + r] = x;
+                        ws.kt[d * MAP_KEYS + r] = x;
                     }
                 }
                 for d in 0..dqk {
-                    ws.kt[d * BWD_KEYS + n..d * BWD_KEYS + ncols]
+                    ws.kt[d * MAP_KEYS + n..d * MAP_KEYS + ncols]
                         .iter_mut()
                         .for_each(|x| *x = 0.0);
                 }
@@ -129,10 +135,10 @@ pub fn run<V: Vector, T: CpuElement>(
                 bh: (b, h),
                 rows: (i0, mb),
                 keys: (j0, n),
-                stride: BWD_KEYS,
+                stride: MAP_KEYS,
             };
             // SAFETY: q holds mbp rows of dqkp floats (mbp <= MAP_ROWS is
-            // mb rounded up to mr), kt dqk rows of BWD_KEYS, 0 past the
+            // mb rounded up to mr), kt dqk rows of MAP_KEYS, 0 past the
             // block's keys.
             unsafe {
                 score_probs::<V>(
@@ -145,7 +151,7 @@ pub fn run<V: Vector, T: CpuElement>(
                 )
             };
             for r in 0..mb {
-                let src = &ws.s[r * BWD_KEYS..r * BWD_KEYS + n];
+                let src = &ws.s[r * MAP_KEYS..r * MAP_KEYS + n];
                 let dst = &mut out[r * kl + j0..r * kl + j0 + n];
                 if l.averaged {
                     dst.iter_mut().zip(src).for_each(|(d, &x)| *d += x);

@@ -27,7 +27,8 @@ fn backward_hand_cases_and_bad_input() {
 /// Gradients are bitwise identical for 1, 2 and 3 threads: with one unit
 /// (keys cut into chunks), with many units, with a bias shared by the
 /// heads (its gradient summed over units) and with sinks; causal (f32
-/// products in blocks of `BWD_KEYS_BANDED` keys) and not (`BWD_KEYS`).
+/// products in blocks of `BWD_KEYS_BANDED` keys) and not (`BWD_KEYS`),
+/// bf16 (on pairs where the CPU has AVX512_BF16) causal and not.
 #[test]
 fn gradients_do_not_depend_on_the_thread_count() {
     use attn_spec::MaskKind::{Causal, None as Unmasked};
@@ -40,6 +41,7 @@ fn gradients_do_not_depend_on_the_thread_count() {
             Causal,
         ),
         (Shape::new(1, 2, 1, 300, 700, 64), DType::F32, Unmasked),
+        (Shape::new(1, 2, 2, 300, 400, 64), DType::Bf16, Unmasked),
     ];
     for (i, (shape, dtype, mask)) in shapes.into_iter().enumerate() {
         let mut params = CaseParams::plain(shape);

@@ -94,11 +94,14 @@ struct Plan {
 }
 
 impl Plan {
-    /// The plan of `p`; `pairs`: its products run on bf16 pairs
-    /// (`Ctx::dot16`).
-    fn of(p: &Problem, pairs: bool) -> Plan {
+    /// The plan of `p`; `dot16`: bf16 inputs on the `avx512bf16` level
+    /// (`Ctx::dot16`), whose products run on pairs when a task's panels
+    /// fit (`task::panel_fits`, from the shape; a task whose values fall
+    /// outside the pairs' window runs f32 products in the blocks given).
+    fn of(p: &Problem, dot16: bool) -> Plan {
         let s = p.shape;
         let units = s.batch * s.kv_heads;
+        let pairs = dot16 && task::panel_fits(p, s.q_len);
         let banded = p.options.mask.window() != (None, None);
         let keys = match banded && !pairs {
             true => BWD_KEYS_BANDED,
@@ -220,6 +223,17 @@ fn keep_parts(v: Vec<f32>) {
     }
 }
 
+/// Where partial dQ row `i` of head `hh` of a unit's group, from the
+/// unit's chunk `ch`, starts among the partial rows; `layout` = (chunks
+/// per unit, rows per head, padded head dim, group).
+fn part_at(
+    (chunks, per_head, dqkp, group): (usize, usize, usize, usize),
+    (unit, ch): (usize, usize),
+    (hh, i): (usize, usize),
+) -> usize {
+    (((unit * chunks + ch) * group + hh) * per_head + i) * dqkp
+}
+
 /// Where tasks write: dK and dV (each key row by the one task of its
 /// block), the partial dQ rows (each task its own), the bias gradient or
 /// its per-unit scratch (each task its unit's rows of its keys).
@@ -273,10 +287,10 @@ impl<T: CpuElement> Outs<T> {
     /// Zeroes `task`'s partial dQ rows (every head of its group), which its
     /// products then add into.
     pub fn clear_parts(&self, task: &Task) {
-        let (chunks, per_head, dqkp, group) = self.layout;
+        let (_, per_head, dqkp, group) = self.layout;
         let unit = task.b * (self.sizes.0 / group) + task.kvh;
         let n = group * per_head * dqkp;
-        let at = (unit * chunks + task.chunk) * n;
+        let at = part_at(self.layout, (unit, task.chunk), (0, 0));
         assert!(at + n <= self.parts_len);
         // SAFETY: in bounds (asserted); only this task writes its partial
         // rows.
@@ -285,10 +299,9 @@ impl<T: CpuElement> Outs<T> {
 
     /// The partial dQ rows `i0..i0 + rows` of head `hh` of `task`'s group.
     pub fn part_rows(&self, task: &Task, hh: usize, i0: usize, rows: usize) -> *mut f32 {
-        let (chunks, per_head, dqkp, group) = self.layout;
-        let kvh_all = self.sizes.0 / group;
-        let unit = task.b * kvh_all + task.kvh;
-        let at = (((unit * chunks + task.chunk) * group + hh) * per_head + i0) * dqkp;
+        let (_, per_head, dqkp, group) = self.layout;
+        let unit = task.b * (self.sizes.0 / group) + task.kvh;
+        let at = part_at(self.layout, (unit, task.chunk), (hh, i0));
         assert!(i0 + rows <= per_head && at + rows * dqkp <= self.parts_len);
         // SAFETY: in bounds (asserted).
         unsafe { self.parts.add(at) }
@@ -325,26 +338,6 @@ impl<T: CpuElement> Outs<T> {
         }
     }
 }
-
-/// dQ, written from several threads, one (batch entry, head) each.
-struct SharedRows<T> {
-    ptr: *mut T,
-    len: usize,
-}
-
-impl<T> SharedRows<T> {
-    /// The buffer's start and length.
-    fn raw(&self) -> (*mut T, usize) {
-        (self.ptr, self.len)
-    }
-}
-
-// SAFETY: written only by `rows::DqRows`, each call its own (batch, head)
-// rows (the view was validated not to alias) while the buffer is borrowed
-// mutably.
-unsafe impl<T: Send> Send for SharedRows<T> {}
-// SAFETY: as above.
-unsafe impl<T: Send> Sync for SharedRows<T> {}
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Option<task::Scratch>> = const { std::cell::RefCell::new(None) };
@@ -499,10 +492,7 @@ fn backward_typed<T: CpuElement>(
     }
     // dQ: the chunks' partial rows, added in chunk order, one (batch,
     // head) per parallel step.
-    let dq_out = SharedRows {
-        ptr: dq.as_mut_ptr(),
-        len: dq.len(),
-    };
+    let dq_out = rows::SharedRows::new(dq);
     let reduce = |bh: usize| {
         vectorize(
             isa,
@@ -510,7 +500,7 @@ fn backward_typed<T: CpuElement>(
                 p,
                 plan: &plan,
                 parts: &parts,
-                dq: dq_out.raw(),
+                dq: &dq_out,
                 bh,
             },
         )
@@ -599,6 +589,41 @@ impl Backward for Cpu {
 #[cfg(test)]
 mod tests {
     use crate::Cpu;
+
+    /// Key blocks of 96 keys, but 48 where f32 products meet a causal or
+    /// sliding window's diagonal; bf16 on pairs keeps 96 unless its
+    /// panels do not fit (its products then run in f32).
+    #[test]
+    fn plans_choose_the_key_block() {
+        use attn_spec::{AttnOptions, Problem};
+        let keys = |shape: Shape, mask: MaskKind, dot16: bool| {
+            let options = AttnOptions {
+                mask,
+                ..AttnOptions::default()
+            };
+            let p = Problem::new(shape, DType::Bf16).with_options(options);
+            super::Plan::of(&p, dot16).keys
+        };
+        let (small, huge) = (
+            Shape::new(1, 2, 1, 300, 300, 64),
+            Shape::new(1, 8, 1, 20000, 300, 128),
+        );
+        let window = MaskKind::Window {
+            left: Some(10),
+            right: Some(0),
+        };
+        for (shape, mask, dot16, want) in [
+            (small, MaskKind::None, false, 96),
+            (small, MaskKind::None, true, 96),
+            (small, MaskKind::Causal, true, 96),
+            (small, MaskKind::Causal, false, 48),
+            (small, window, false, 48),
+            (huge, MaskKind::Causal, true, 48),
+            (huge, MaskKind::None, true, 96),
+        ] {
+            assert_eq!(keys(shape, mask, dot16), want, "{shape:?} {mask:?} {dot16}");
+        }
+    }
     use attn_conformance::backward::BackCase;
     use attn_conformance::case::Bcast;
     use attn_conformance::CaseParams;

@@ -11,6 +11,17 @@ use crate::element::CpuElement;
 use crate::simd::{load, Op, Vector};
 use attn_spec::Problem;
 
+/// How many of a row's `dim` elements, `step` apart, go as whole vectors
+/// of 16: those before the last partial vector when they are contiguous,
+/// else none.
+#[inline(always)]
+fn whole_vectors(dim: usize, step: usize) -> usize {
+    match step {
+        1 => dim - dim % LANES,
+        _ => 0,
+    }
+}
+
 /// Writes `dim` elements at `dst + base`, `step` apart: `row` (f32, at
 /// least `dim` long) rounded once to `T`, or zeros. Whole vectors when
 /// the elements are contiguous (`T::store16`, bit for bit the scalar
@@ -26,10 +37,7 @@ pub unsafe fn store_row<V: Vector, T: CpuElement>(
     (base, step, dim): (usize, usize, usize),
 ) {
     assert!(row.is_none_or(|r| r.len() >= dim));
-    let whole = match step {
-        1 => dim - dim % LANES,
-        _ => 0,
-    };
+    let whole = whole_vectors(dim, step);
     for e in (0..whole).step_by(LANES) {
         let x = match row {
             // SAFETY: e + 16 <= whole <= dim <= r.len() (asserted).
@@ -69,10 +77,7 @@ impl<T: CpuElement> Op for DRows<'_, T> {
         let s = self.p.shape;
         let (b, h) = (self.bh / s.q_heads, self.bh % s.q_heads);
         let (dim, step) = (s.head_dim_v, self.p.out.strides[3]);
-        let whole = match step {
-            1 => dim - dim % LANES,
-            _ => 0,
-        };
+        let whole = whole_vectors(dim, step);
         for (i, x) in self.rows.iter_mut().enumerate() {
             let base = self.p.out.index([b, i, h, 0]);
             assert!(dim == 0 || base + (dim - 1) * step < self.out.len().min(self.d_out.len()));
@@ -98,6 +103,32 @@ impl<T: CpuElement> Op for DRows<'_, T> {
     }
 }
 
+/// A gradient buffer that several threads write, each its own rows (one
+/// (batch entry, head) per [`DqRows`] call): borrowed mutably for its
+/// lifetime, so the pointer stays valid for `len` elements.
+pub struct SharedRows<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _buf: std::marker::PhantomData<&'a mut [T]>,
+}
+
+impl<'a, T> SharedRows<'a, T> {
+    /// Shares `buf` for row writes.
+    pub fn new(buf: &'a mut [T]) -> Self {
+        SharedRows {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            _buf: std::marker::PhantomData,
+        }
+    }
+}
+
+// SAFETY: written only by `DqRows`, each call its own (batch, head) rows
+// (the view was validated not to alias) while the buffer is borrowed.
+unsafe impl<T: Send> Send for SharedRows<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for SharedRows<'_, T> {}
+
 /// dQ of one (batch entry, query head): each row the sum, in chunk order,
 /// of its partial rows, rounded once to `T`; 0 for rows past the batch
 /// entry's queries.
@@ -108,8 +139,8 @@ pub struct DqRows<'a, T> {
     pub plan: &'a Plan,
     /// The partial rows (`Outs::part_rows`' layout).
     pub parts: &'a [f32],
-    /// dQ and its length.
-    pub dq: (*mut T, usize),
+    /// dQ.
+    pub dq: &'a SharedRows<'a, T>,
     /// The flat (batch entry, query head).
     pub bh: usize,
 }
@@ -125,9 +156,8 @@ impl<T: CpuElement> Op for DqRows<'_, T> {
         let (kvh, hh) = (h / group, h % group);
         let unit = b * s.kv_heads + kvh;
         let (dqk, step) = (s.head_dim_qk, p.q.strides[3]);
-        let dqkp = dqk.div_ceil(LANES) * LANES;
-        let row_at =
-            |ch: usize, i: usize| (((unit * plan.chunks + ch) * group + hh) * plan.rows + i) * dqkp;
+        let layout = (plan.chunks, plan.rows, dqk.div_ceil(LANES) * LANES, group);
+        let row_at = |ch: usize, i: usize| super::part_at(layout, (unit, ch), (hh, i));
         let mut acc = vec![0.0f32; dqk];
         for i in 0..s.q_len {
             let row = match (i < p.seq_lens(b).0, plan.chunks) {
@@ -143,10 +173,11 @@ impl<T: CpuElement> Op for DqRows<'_, T> {
                 }
             };
             let base = p.q.index([b, i, h, 0]);
-            assert!(dqk == 0 || base + (dqk - 1) * step < self.dq.1);
-            // SAFETY: in bounds (asserted); the view was validated not to
-            // alias, and each (batch entry, head) is written by one call.
-            unsafe { store_row::<V, T>(row, self.dq.0, (base, step, dqk)) };
+            assert!(dqk == 0 || base + (dqk - 1) * step < self.dq.len);
+            // SAFETY: in bounds of the borrowed buffer (asserted); the
+            // view was validated not to alias, and each (batch entry,
+            // head) is written by one call (`SharedRows`).
+            unsafe { store_row::<V, T>(row, self.dq.ptr, (base, step, dqk)) };
         }
     }
 }

@@ -133,6 +133,18 @@ pub fn read_row<V: Vector, T: CpuElement>(src: &[T], view: &View, at: [usize; 3]
     }
 }
 
+/// Whether a task's Q and dO rows (`ql` per head of the group, and a
+/// block of spare rows the products' padding may read) fit f32 panels of
+/// at most `BWD_PANEL_BYTES`, packed once for all its key blocks.
+pub fn panel_fits(p: &attn_spec::Problem, ql: usize) -> bool {
+    let s = p.shape;
+    let (dqkp, dvp) = (
+        round_up(s.head_dim_qk, LANES),
+        round_up(s.head_dim_v, LANES),
+    );
+    (s.group() * ql + BWD_ROWS) * (dqkp + dvp) * 4 <= BWD_PANEL_BYTES
+}
+
 /// Runs `task`.
 #[inline(always)]
 pub fn run<V: Vector, T: CpuElement>(
@@ -164,9 +176,8 @@ pub fn run<V: Vector, T: CpuElement>(
         mask: ctx.mask,
     };
     // The task's Q and dO rows as f32 panels, packed once for all its key
-    // blocks when they fit (rows of a head `ql` apart, and a block of
-    // spare rows the products' padding may read).
-    let panel = (group * ql + BWD_ROWS) * (dqkp + dvp) * 4 <= BWD_PANEL_BYTES && !tests::no_panel();
+    // blocks when they fit (rows of a head `ql` apart).
+    let panel = panel_fits(p, ql) && !tests::no_panel();
     if panel && !task.blocks.is_empty() {
         let rows = group * ql + BWD_ROWS;
         for (buf, w) in [(&mut ws.qp, dqkp), (&mut ws.dop, dvp)] {
@@ -206,14 +217,14 @@ pub fn run<V: Vector, T: CpuElement>(
     // types). Rows of a head start at an even pair row: head hh's pairs of
     // rows at hh * hp.
     let hp = ql.div_ceil(2);
+    // (The pair buffers and products take rows of BWD_KEYS: the plan
+    // gives whole blocks where the panels fit.)
     let pairs = ctx.dot16
         && panel
+        && ks == BWD_KEYS
         && !task.blocks.is_empty()
         && group * ql < 1 << 30
         && pairs::pack_task(ws, (group, ql), (dqk, dv));
-    // (The pair buffers and products take rows of BWD_KEYS: the plan
-    // gives the bf16 products whole blocks.)
-    assert!(!pairs || ks == BWD_KEYS);
     let blocks = task.blocks.clone();
     for blk in blocks {
         let j0 = blk * task.keys;

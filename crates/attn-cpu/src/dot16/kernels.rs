@@ -295,7 +295,8 @@ unsafe fn pair_tile<const NV: usize>(
 ///
 /// # Safety
 /// `m` a multiple of 12 and `n` of 16; every word named above readable
-/// and every float of `C` writable; the CPU runs AVX-512 F and BF16.
+/// and every float of `C` writable (and readable with `PairOut::Add`);
+/// the CPU runs AVX-512 F and BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
 #[inline(never)]
 pub unsafe fn gemm_pairs(

@@ -90,9 +90,9 @@ pub use pairs::write_rows_bf16;
 #[cfg(target_arch = "x86_64")]
 pub use pass::run_items;
 
-/// `C = A B` on bf16 pairs (`kernels::gemm_pairs`, which states the
-/// layout): the backward pass's products for bf16 inputs on the
-/// `avx512bf16` level.
+/// `C = A B` or `C += f A B` ([`PairOut`]) on bf16 pairs
+/// (`kernels::gemm_pairs`, which states the layout): the backward pass's
+/// products for bf16 inputs on the `avx512bf16` level.
 ///
 /// # Safety
 /// As `kernels::gemm_pairs`, whose CPU requirement is checked here.

@@ -226,8 +226,9 @@ pub(super) unsafe fn pack_v_pairs(
 /// as pairs, straight from the bf16 inputs: `K^T` and `V^T` as pairs of
 /// their rows (`kt2`, `vt2`: `dk / 2` and `dv / 2` rows of `ld` words, 0
 /// past `n`; [`transpose_pairs`]) and K as pairs of keys (`k2r`:
-/// `ceil(n / 2)` rows of `ks` words, an odd last key paired with 0;
-/// [`pack_v_pairs`]). Returns whether every element of the block's K and V
+/// `ceil(n / 2)` rows of `ks` words, an odd last key paired with 0, words
+/// `dk..ks` 0; [`pack_v_pairs`]). Returns whether every element of the
+/// block's K and V
 /// rows is 0 or in `win`.
 ///
 /// # Safety
@@ -263,6 +264,10 @@ pub unsafe fn key_block_pairs(
     // SAFETY: k2r holds ceil(n / 2) rows of ks >= dk words; the rows lie
     // inside k (the view's).
     let _ = unsafe { pack_v_pairs(k, kv, (b, g), (j0, n), 0..n.div_ceil(2), dk, (k2r, ks)) };
+    for i in 0..n.div_ceil(2) {
+        // SAFETY: words dk..ks of row i are inside k2r (the caller's).
+        unsafe { std::ptr::write_bytes(k2r.add(i * ks + dk), 0, ks - dk) };
+    }
     fit
 }
 
@@ -435,13 +440,16 @@ mod tests {
                     }
                 }
                 for kp in 0..n.div_ceil(2) {
-                    for c in 0..dk {
-                        let hi = if 2 * kp + 1 < n {
-                            at(&k, &kv, 2 * kp + 1, c)
-                        } else {
-                            0
+                    for c in 0..ks {
+                        let want = match c < dk {
+                            true => {
+                                let odd = 2 * kp + 1 < n;
+                                let hi = if odd { at(&k, &kv, 2 * kp + 1, c) } else { 0 };
+                                word(at(&k, &kv, 2 * kp, c), hi)
+                            }
+                            false => 0,
                         };
-                        assert_eq!(k2r[kp * ks + c], word(at(&k, &kv, 2 * kp, c), hi));
+                        assert_eq!(k2r[kp * ks + c], want, "k2r ({kp}, {c})");
                     }
                 }
             }
