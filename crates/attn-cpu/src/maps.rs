@@ -11,7 +11,7 @@
 //! map, and each element's arithmetic is fixed by the shape, so the maps
 //! are bitwise identical for any number of threads.
 
-use crate::backward::task::{read_row, round_up};
+use crate::backward::task::{read_row, round_up, transpose_rows};
 use crate::blocking::{BWD_KEYS_BANDED, BWD_ROWS, LANES};
 use crate::element::CpuElement;
 use crate::probs::{score_probs, Scores, Tile};
@@ -58,6 +58,8 @@ pub struct Unit {
 
 /// Buffers of one thread.
 pub struct Scratch {
+    /// A key block's K rows (padded to 16 with zeros), then K^T.
+    kr: Vec<f32>,
     kt: Vec<f32>,
     q: Vec<f32>,
     s: Vec<f32>,
@@ -69,6 +71,7 @@ impl Scratch {
     fn new(dqk: usize) -> Self {
         let dqkp = round_up(dqk, LANES);
         Scratch {
+            kr: vec![0.0; MAP_KEYS * dqkp],
             kt: vec![0.0; dqkp * MAP_KEYS],
             q: vec![0.0; MAP_ROWS * dqkp],
             s: vec![0.0; MAP_ROWS * MAP_KEYS],
@@ -106,25 +109,17 @@ pub fn run<V: Vector, T: CpuElement>(
         if mask.classify(i0..i0 + mb, j0..j0 + n) == TileClass::Skip {
             continue;
         }
-        let ncols = round_up(n, LANES);
         let mut packed = None;
         for hi in unit.heads.clone() {
             let h = l.heads[hi];
             let kvh = s.kv_head(h);
             if packed != Some(kvh) {
-                // K^T of the block (dqk rows of MAP_KEYS), 0 past the keys.
+                // K^T of the block (dqkp rows of MAP_KEYS), 0 past the keys.
                 for r in 0..n {
-                    let row = &mut ws.s[..dqk];
+                    let row = &mut ws.kr[r * dqkp..r * dqkp + dqk];
                     read_row::<V, T>(ctx.k, &p.k, [b, j0 + r, kvh], row);
-                    for (d, &x) in row.iter().enumerate() {
-                        ws.kt[d * MAP_KEYS + r] = x;
-                    }
                 }
-                for d in 0..dqk {
-                    ws.kt[d * MAP_KEYS + n..d * MAP_KEYS + ncols]
-                        .iter_mut()
-                        .for_each(|x| *x = 0.0);
-                }
+                transpose_rows::<V>(&ws.kr, dqkp, n, &mut ws.kt, MAP_KEYS);
                 packed = Some(kvh);
             }
             for r in 0..mb {

@@ -456,7 +456,7 @@ pub fn run<V: Vector, T: CpuElement>(
 /// into `dst` (`w` rows of `ld` floats), columns `n..round_up(n, 16)` 0:
 /// 16 x 16 blocks on the level's vectors (`Vector::transpose16`).
 #[inline(always)]
-fn transpose_rows<V: Vector>(src: &[f32], w: usize, n: usize, dst: &mut [f32], ld: usize) {
+pub fn transpose_rows<V: Vector>(src: &[f32], w: usize, n: usize, dst: &mut [f32], ld: usize) {
     let ncols = n.div_ceil(LANES) * LANES;
     assert!(
         w.is_multiple_of(LANES)
