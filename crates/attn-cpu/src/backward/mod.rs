@@ -284,13 +284,18 @@ impl<T: CpuElement> Outs<T> {
         }
     }
 
+    /// `task`'s unit: its (batch entry, K/V head), flat.
+    fn unit(&self, task: &Task) -> usize {
+        let (hq, _, _, group) = self.sizes;
+        task.b * (hq / group) + task.kvh
+    }
+
     /// Zeroes `task`'s partial dQ rows (every head of its group), which its
     /// products then add into.
     pub fn clear_parts(&self, task: &Task) {
         let (_, per_head, dqkp, group) = self.layout;
-        let unit = task.b * (self.sizes.0 / group) + task.kvh;
         let n = group * per_head * dqkp;
-        let at = part_at(self.layout, (unit, task.chunk), (0, 0));
+        let at = part_at(self.layout, (self.unit(task), task.chunk), (0, 0));
         assert!(at + n <= self.parts_len);
         // SAFETY: in bounds (asserted); only this task writes its partial
         // rows.
@@ -299,9 +304,8 @@ impl<T: CpuElement> Outs<T> {
 
     /// The partial dQ rows `i0..i0 + rows` of head `hh` of `task`'s group.
     pub fn part_rows(&self, task: &Task, hh: usize, i0: usize, rows: usize) -> *mut f32 {
-        let (_, per_head, dqkp, group) = self.layout;
-        let unit = task.b * (self.sizes.0 / group) + task.kvh;
-        let at = part_at(self.layout, (unit, task.chunk), (hh, i0));
+        let (_, per_head, dqkp, _) = self.layout;
+        let at = part_at(self.layout, (self.unit(task), task.chunk), (hh, i0));
         assert!(i0 + rows <= per_head && at + rows * dqkp <= self.parts_len);
         // SAFETY: in bounds (asserted).
         unsafe { self.parts.add(at) }

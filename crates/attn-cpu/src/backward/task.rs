@@ -227,8 +227,8 @@ pub fn run<V: Vector, T: CpuElement>(
         && pairs::pack_task(ws, (group, ql), (dqk, dv));
     let blocks = task.blocks.clone();
     for blk in blocks {
-        let j0 = blk * task.keys;
-        let all = task.keys.min(s.kv_len - j0);
+        let j0 = blk * ks;
+        let all = ks.min(s.kv_len - j0);
         let n = all.min(kl.saturating_sub(j0));
         if n == 0 || ql == 0 {
             outs.write_kv::<V>(ctx, (b, kvh, j0), (0, all), (&ws.dk, dqkp), (&ws.dv, dvp));
