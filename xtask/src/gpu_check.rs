@@ -41,17 +41,47 @@ fi
 echo "NVRTC: ${nv:-not found}"
 # Generated conformance cases per kernel (each may compile a new variant).
 ATTN_GPU_CASES=${ATTN_GPU_CASES:-128}
-export ATTN_CUDA_LIB_DIR ATTN_REQUIRE_GPU=1 ATTN_GPU_CASES
+# ATTN_REQUIRE_GPU=0 lets a dry run on a machine without a GPU pass.
+ATTN_REQUIRE_GPU=${ATTN_REQUIRE_GPU:-1}
+export ATTN_CUDA_LIB_DIR ATTN_REQUIRE_GPU ATTN_GPU_CASES
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 status=0
-for t in tests/*; do
-  log="$OUT/$(basename "$t").log"
-  echo "== $t (log: $log)"
-  if ! timeout 600 "$t" --test-threads=1 >"$log" 2>&1; then
-    echo "FAILED: $t"
-    status=1
+sanitized=""
+# Runs one test ($2) of harness $1 in its own process (a sticky CUDA error
+# then poisons only that process), logging to $OUT/<harness>.<test>.log. The
+# first failure is rerun under compute-sanitizer's memcheck (small case
+# count), when the machine's runtime lets it see the GPU.
+run_test() {
+  local t=$1 name=$2 log
+  log="$OUT/$(basename "$t").$name.log"
+  if timeout "${TEST_TIMEOUT:-300}" "$t" --exact "$name" --test-threads=1 --nocapture >"$log" 2>&1; then
+    echo "ok      $(basename "$t") $name"
+    return 0
   fi
-  grep -E "^test result|panicked|skipping" "$log" | tail -4
+  echo "FAILED  $(basename "$t") $name (log: $log)"
+  grep -E "panicked|assertion|Error|error" "$log" | head -5
+  status=1
+  if [ -z "$sanitized" ] && command -v compute-sanitizer >/dev/null; then
+    sanitized=1
+    echo "        rerunning under compute-sanitizer --tool memcheck ($log.memcheck)"
+    ATTN_GPU_CASES=8 timeout 240 compute-sanitizer --tool memcheck --print-limit 20 \
+      "$t" --exact "$name" --test-threads=1 --nocapture >"$log.memcheck" 2>&1
+    grep -E "Invalid|ERROR SUMMARY|Address|at 0x" "$log.memcheck" | head -8
+  fi
+  return 1
+}
+# First the smoke case alone: if it fails, the rest would only repeat it.
+conf=$(ls tests/conformance-* | head -1)
+if ! run_test "$conf" smoke; then
+  echo "smoke case failed: stopping before the suite (FORCE=1 runs it anyway)"
+  [ -n "${FORCE:-}" ] || exit 1
+fi
+grep -E "^GPU:" "$OUT/$(basename "$conf").smoke.log"
+for t in tests/*; do
+  for name in $("$t" --list 2>/dev/null | sed -n 's/: test$//p'); do
+    [ "$t" = "$conf" ] && [ "$name" = smoke ] && continue
+    run_test "$t" "$name"
+  done
 done
 if ! python3 torch_bench.py --attn ./gpu_bench --out "$OUT" ${QUICK:+--quick}; then
   status=1

@@ -6,14 +6,15 @@ mod backward;
 mod maps;
 
 use crate::cache::Cache;
+use crate::compile::{self, Target};
+use crate::libs;
 use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};
 use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
-use crate::{compile, libs};
 use attn_spec::{
     check_buffers, check_call, check_linear, AttnError, Backend, BufferInfo, Buffers, DType,
     Element, HostData, Inputs, Problem, Result,
 };
-use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute, CUresult};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError,
     LaunchConfig, PushKernelArg,
@@ -75,6 +76,11 @@ pub struct Cuda {
     smem_optin: usize,
     device_name: String,
     half_kernel: HalfKernel,
+    /// What NVRTC builds for this GPU.
+    target: Target,
+    /// NVRTC's version and the driver's CUDA version (`1000 * major + 10 *
+    /// minor`), for the message when the driver refuses a module.
+    versions: ((u32, u32), i32),
     functions: Cache<Variant, CudaFunction>,
 }
 
@@ -84,6 +90,9 @@ impl std::fmt::Debug for Cuda {
             .field("device", &self.device_name)
             .field("arch", &self.arch)
             .field("sms", &self.sms)
+            .field("target", &self.target)
+            .field("nvrtc", &self.versions.0)
+            .field("driver_cuda", &self.versions.1)
             .finish()
     }
 }
@@ -93,6 +102,40 @@ fn drv(e: DriverError) -> AttnError {
         backend: "cuda".into(),
         message: format!("CUDA driver: {e:?}"),
     }
+}
+
+/// The error for a module the driver would not load: why, in terms a user
+/// can act on, where the driver's code says it refused the code itself
+/// (`None` for other failures, which [`drv`] reports as they are).
+fn refused(
+    code: CUresult,
+    target: Target,
+    (nvrtc, driver): ((u32, u32), i32),
+) -> Option<AttnError> {
+    let why = match code {
+        CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION => "its PTX is newer than this driver reads",
+        CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU | CUresult::CUDA_ERROR_INVALID_IMAGE => {
+            "it holds no code this GPU runs"
+        }
+        CUresult::CUDA_ERROR_INVALID_PTX | CUresult::CUDA_ERROR_JIT_COMPILER_NOT_FOUND => {
+            "its PTX could not be compiled by the driver"
+        }
+        _ => return None,
+    };
+    Some(AttnError::Unsupported {
+        backend: "cuda".into(),
+        feature: format!(
+            "loading a kernel ({target}, from NVRTC {}.{})",
+            nvrtc.0, nvrtc.1
+        ),
+        reason: format!(
+            "the driver (CUDA {}.{}) refused it: {why} ({code:?}); use an NVRTC no newer \
+             than the driver's CUDA version (e.g. ATTN_CUDA_LIB_DIR pointing at an older \
+             nvidia-cuda-nvrtc wheel) or update the driver",
+            driver / 1000,
+            driver % 1000 / 10
+        ),
+    })
 }
 
 fn bytes_of(data: &HostData) -> Vec<u8> {
@@ -157,6 +200,23 @@ impl Cuda {
             attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 as usize;
         let device_name = ctx.name().map_err(drv)?;
+        let known = compile::known_archs()?;
+        let nvrtc = compile::nvrtc_version()?;
+        let target = Target::for_device((major as u32, minor as u32), &known).ok_or_else(|| {
+            AttnError::Unsupported {
+                backend: "cuda".into(),
+                feature: format!("{device_name} (compute capability {major}.{minor})"),
+                reason: format!(
+                    "NVRTC {}.{} compiles for {known:?} only, all newer than this GPU",
+                    nvrtc.0, nvrtc.1
+                ),
+            }
+        })?;
+        let mut driver = 0;
+        // SAFETY: the driver is loaded (a context exists); writes one int.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
+            .result()
+            .map_err(drv)?;
         Ok(Cuda {
             ctx,
             stream,
@@ -169,6 +229,8 @@ impl Cuda {
             } else {
                 HalfKernel::Simt
             },
+            target,
+            versions: (nvrtc, driver),
             functions: Cache::default(),
         })
     }
@@ -200,6 +262,12 @@ impl Cuda {
     /// Compute capability, e.g. `(9, 0)`.
     pub fn arch(&self) -> (u32, u32) {
         self.arch
+    }
+
+    /// What NVRTC builds for this GPU: its own machine code, or PTX for
+    /// an older architecture where NVRTC does not know this one.
+    pub fn target(&self) -> Target {
+        self.target
     }
 
     /// Multiprocessors.
@@ -246,8 +314,11 @@ impl Cuda {
 
     /// Compiles and loads `v`, raising its shared-memory limit if needed.
     fn load(&self, v: &Variant) -> Result<CudaFunction> {
-        let ptx = compile::ptx(v)?;
-        let module = self.ctx.load_module(ptx).map_err(drv)?;
+        let image = compile::build(v, self.target)?;
+        let module = self
+            .ctx
+            .load_module(image)
+            .map_err(|e| refused(e.0, self.target, self.versions).unwrap_or_else(|| drv(e)))?;
         let f = module.load_function(v.kernel.function()).map_err(drv)?;
         let smem = v.smem_bytes();
         if smem > 48 * 1024 {
@@ -676,5 +747,38 @@ mod tests {
         ] {
             assert_eq!(host_of(d.dtype(), &bytes_of(&d)), d);
         }
+    }
+
+    /// A module the driver refuses for its code gives `Unsupported` naming
+    /// the target, NVRTC's and the driver's versions; other failures are
+    /// left to the generic driver error.
+    #[test]
+    fn a_refused_module_names_the_versions() {
+        let e = refused(
+            CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+            Target::Ptx(90),
+            ((12, 8), 12040),
+        )
+        .expect("a refusal");
+        let text = e.to_string();
+        for part in [
+            "PTX for compute_90",
+            "NVRTC 12.8",
+            "CUDA 12.4",
+            "newer than this driver",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from {text}");
+        }
+        assert!(matches!(e, AttnError::Unsupported { .. }));
+        let e = refused(
+            CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU,
+            Target::Cubin(90),
+            ((13, 0), 12080),
+        )
+        .expect("a refusal");
+        assert!(e.to_string().contains("CUBIN for sm_90"), "{e}");
+        assert!(e.to_string().contains("CUDA 12.8"), "{e}");
+        let other = ((12, 8), 12080);
+        assert!(refused(CUresult::CUDA_ERROR_OUT_OF_MEMORY, Target::Cubin(90), other).is_none());
     }
 }

@@ -3,9 +3,9 @@
 //! A backend of attn-spec's [`Backend`](attn_spec::Backend) trait whose
 //! buffers live on the GPU ([`CudaBuffer`], cudarc device memory). The
 //! kernels are CUDA C embedded in this crate (`src/kernels/`), compiled at
-//! run time by NVRTC for the GPU found, once per [`Variant`] (what changes
-//! the code: element types, head dims, tile sizes, optional steps, arch),
-//! and cached. Building needs no CUDA toolkit and no GPU; on a machine
+//! run time by NVRTC to machine code for the GPU found ([`compile`]), once
+//! per [`Variant`] (what changes the code: element types, head dims, tile
+//! sizes, optional steps, arch), and cached. Building needs no CUDA toolkit and no GPU; on a machine
 //! without the driver or NVRTC every entry point returns
 //! [`AttnError::DriverMissing`](attn_spec::AttnError::DriverMissing) or
 //! `NoDevice`, never panics.

@@ -81,6 +81,43 @@ proptest! {
     }
 }
 
+/// The first thing the GPU bundle runs, alone in its process (`run.sh`:
+/// `smoke --exact`): one small causal case per forward kernel (f32 on the
+/// FMA kernel, bf16 and f16 on the tensor cores and the FMA kernel) and a
+/// decode row on the split-KV path, so that a fault that poisons the
+/// context (an out-of-bounds read, a misaligned copy) shows here, named,
+/// before the suite's shared context hides its first cause.
+#[test]
+fn smoke() {
+    use attn_conformance::CaseParams;
+    use attn_spec::Shape;
+    if let Some((tc, simt)) = gpu() {
+        eprintln!("GPU: {tc:?}");
+        // (1024 keys for one query row: enough for `plan_splits` to split.)
+        let cases = [
+            (DType::F32, 64, 128),
+            (DType::Bf16, 64, 128),
+            (DType::F16, 64, 128),
+            (DType::Bf16, 1, 1024),
+        ];
+        for (dtype, q_len, kv_len) in cases {
+            let mut params = CaseParams::plain(Shape::new(1, 4, 2, q_len, kv_len, 64));
+            params.dtype = dtype;
+            params.options = params.options.causal();
+            let case = Case::build(params);
+            eprintln!("smoke: {}", case.describe());
+            assert_eq!(
+                check_case(tc, &case),
+                Ok(Outcome::Passed),
+                "tensor-core backend"
+            );
+            if dtype != DType::F32 {
+                assert_eq!(check_case(simt, &case), Ok(Outcome::Passed), "FMA backend");
+            }
+        }
+    }
+}
+
 #[test]
 fn backward_hand_cases_and_bad_input() {
     if let Some((tc, _)) = gpu() {

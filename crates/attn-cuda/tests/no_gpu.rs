@@ -78,7 +78,7 @@ fn a_broken_kernel_is_an_nvrtc_error_with_its_log() {
     let e = compile::compile_source(
         "broken",
         "extern \"C\" __global__ void f() { oops; }",
-        Default::default(),
+        &compile::options(compile::Target::Ptx(80)),
     )
     .unwrap_err();
     match e {
@@ -87,5 +87,52 @@ fn a_broken_kernel_is_an_nvrtc_error_with_its_log() {
             assert!(log.contains("oops"), "{log}");
         }
         other => panic!("expected an NVRTC error, got {other}"),
+    }
+}
+
+/// Each kernel compiles to machine code (a CUBIN, what the backend loads
+/// on a GPU this NVRTC knows) for sm_80 and sm_90 without a GPU: a CUDA
+/// ELF object whose header names the architecture it was built for.
+#[test]
+fn kernels_compile_to_machine_code_for_the_device_architecture() {
+    if attn_cuda::libs::nvrtc().is_err() {
+        if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") {
+            panic!("ATTN_REQUIRE_NVRTC=1 but NVRTC is missing");
+        }
+        eprintln!("skipping: no NVRTC");
+        return;
+    }
+    let known = compile::known_archs().unwrap();
+    let version = compile::nvrtc_version().unwrap();
+    for (cc, arch) in [((8, 0), 80u32), ((9, 0), 90)] {
+        assert_eq!(
+            compile::Target::for_device(cc, &known),
+            Some(compile::Target::Cubin(arch)),
+            "NVRTC {version:?} knows {known:?}"
+        );
+        let all = check_variants(cc);
+        let mut seen = std::collections::HashSet::new();
+        for v in all.iter().filter(|v| seen.insert(v.kernel)) {
+            let image = compile::compile_source(
+                &v.describe(),
+                &v.source(),
+                &compile::options(compile::Target::Cubin(arch)),
+            )
+            .unwrap_or_else(|e| panic!("{}: {e}", v.describe()));
+            assert_eq!(&image[..4], b"\x7fELF", "{}", v.describe());
+            // ELF64: e_machine at byte 18 (190 = EM_CUDA), e_flags at 48,
+            // whose low byte is the SM version (EF_CUDA_SM).
+            let machine = u16::from_le_bytes([image[18], image[19]]);
+            let flags = u32::from_le_bytes(image[48..52].try_into().unwrap());
+            assert_eq!((image[4], machine), (2, 190), "{}", v.describe());
+            assert_eq!(flags & 0xff, arch, "{}: e_flags {flags:#x}", v.describe());
+            let name = v.kernel.function().as_bytes();
+            assert!(
+                image.windows(name.len()).any(|w| w == name),
+                "{}: no symbol {}",
+                v.describe(),
+                v.kernel.function()
+            );
+        }
     }
 }
