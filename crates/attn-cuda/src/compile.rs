@@ -76,7 +76,8 @@ const FLAGS: [&str; 4] = [
     "--prec-sqrt=true",
 ];
 
-/// NVRTC's options for `target`: the target, then [`FLAGS`].
+/// NVRTC's options for `target`: the target, then IEEE arithmetic with
+/// contraction to FMA (the private `FLAGS`).
 pub fn options(target: Target) -> Vec<String> {
     let mut o = vec![target.flag()];
     o.extend(FLAGS.iter().map(|s| s.to_string()));
