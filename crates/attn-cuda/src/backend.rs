@@ -449,7 +449,14 @@ impl Cuda {
         let kernel = self.forward_kernel(problem);
         let v = Variant::for_problem(kernel, problem, self.arch);
         let blocks = s.q_len.div_ceil(kernel.rows_per_block()) * s.q_heads * s.batch;
-        let (mut splits, mut per) = plan_splits(blocks, s.kv_len, self.sms, v.block_n());
+        let f = self.function(&v)?;
+        let threads = forward_geometry(&v, problem, 1).1;
+        let smem = v.smem_bytes();
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+            .map_err(drv)?;
+        let slots = self.sms * (per_sm.max(1) as usize);
+        let (mut splits, mut per) = plan_splits(blocks, s.kv_len, slots, v.block_n());
         if s.batch * splits > 65535 {
             (splits, per) = (1, s.kv_len.max(1));
         }
@@ -498,12 +505,11 @@ impl Cuda {
             params.part_lse = *pl;
         }
 
-        let f = self.function(&v)?;
         let (grid, block) = forward_geometry(&v, problem, splits);
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (block, 1, 1),
-            shared_mem_bytes: v.smem_bytes() as u32,
+            shared_mem_bytes: smem as u32,
         };
         // SAFETY: `params` holds the addresses of live device buffers whose
         // sizes the caller validated against the problem's views (this

@@ -131,20 +131,35 @@ pub const MIN_KEYS_PER_SPLIT: usize = 256;
 /// Most splits of one row.
 pub const MAX_SPLITS: usize = 64;
 
+/// A block's fixed cost in [`plan_splits`]'s model, in key tiles: loading
+/// its query rows, finishing the softmax and writing its partial output
+/// and log-sum-exp for the combine pass. An estimate (about what reading
+/// two tiles of K and V costs) until a GPU profile measures it.
+pub const SPLIT_OVERHEAD_TILES: usize = 2;
+
 /// How many key splits a launch of `blocks` blocks (query blocks x heads x
-/// batch) over `kv_len` keys should use on a GPU of `sms` multiprocessors,
-/// and the keys per split (a multiple of `block_n`). Splitting pays only
-/// when the blocks alone cannot fill the GPU twice over (decoding: few
-/// query rows, long keys); then enough splits to do so, each at least
-/// [`MIN_KEYS_PER_SPLIT`] keys. Pure: depends on sizes only.
-pub fn plan_splits(blocks: usize, kv_len: usize, sms: usize, block_n: usize) -> (usize, usize) {
-    let target = 2 * sms.max(1);
-    let by_len = kv_len / MIN_KEYS_PER_SPLIT;
-    if blocks >= target || by_len < 2 {
+/// batch) over `kv_len` keys should use on a GPU that runs `slots` of
+/// these blocks at once (multiprocessors x the kernel's resident blocks
+/// per multiprocessor, from the occupancy API), and the keys per split (a
+/// multiple of `block_n`). Splitting pays only when the blocks alone
+/// leave slots idle (decoding: few query rows, long keys); then the split
+/// count is the one whose launch finishes first counting whole waves:
+/// `waves(s) x (key tiles per split(s) + SPLIT_OVERHEAD_TILES)`, where
+/// `waves(s) = ceil(blocks x s / slots)`: a count one past a full wave
+/// would leave most of the GPU idle through a second wave, and many short
+/// splits pay each block's fixed cost many times. Ties go to fewer splits
+/// (less for the combine pass to merge). Each split owns at least [`MIN_KEYS_PER_SPLIT`] keys,
+/// at most [`MAX_SPLITS`] splits. Pure: depends on sizes only.
+pub fn plan_splits(blocks: usize, kv_len: usize, slots: usize, block_n: usize) -> (usize, usize) {
+    let (slots, block_n) = (slots.max(1), block_n.max(1));
+    let most = (kv_len / MIN_KEYS_PER_SPLIT).min(MAX_SPLITS);
+    if blocks >= slots || most < 2 {
         return (1, kv_len.max(1));
     }
-    let want = target.div_ceil(blocks.max(1)).min(by_len).min(MAX_SPLITS);
-    let per = kv_len.div_ceil(want).div_ceil(block_n) * block_n;
+    let per = |s: usize| kv_len.div_ceil(s).div_ceil(block_n) * block_n;
+    let cost = |s: usize| (blocks * s).div_ceil(slots) * (per(s) / block_n + SPLIT_OVERHEAD_TILES);
+    let best = (1..=most).min_by_key(|&s| (cost(s), s)).expect("most >= 2");
+    let per = per(best);
     (kv_len.div_ceil(per), per)
 }
 
@@ -393,20 +408,33 @@ mod tests {
 
     #[test]
     fn splits_only_when_the_blocks_cannot_fill_the_gpu() {
-        // Prefill: 64 query blocks x 32 heads fill 132 SMs: no split.
-        assert_eq!(plan_splits(64 * 32, 4096, 132, 64), (1, 4096));
-        // Decode, 32 heads x batch 1, 32k keys: 9 splits of 3648 keys.
-        let (n, per) = plan_splits(32, 32768, 132, 64);
-        assert_eq!((n, per), (9, 3648));
+        // 132 SMs with two resident blocks each: 264 slots.
+        let slots = 2 * 132;
+        // Prefill: 64 query blocks x 32 heads fill the GPU: no split.
+        assert_eq!(plan_splits(64 * 32, 4096, slots, 64), (1, 4096));
+        // Decode, 32 heads x batch 1, 32k keys: 8 splits of 4096 keys,
+        // 256 blocks in one wave (9 splits, 288 blocks, would run a second
+        // wave of 24 blocks on a nearly idle GPU).
+        let (n, per) = plan_splits(32, 32768, slots, 64);
+        assert_eq!((n, per), (8, 4096));
         assert!(n * per >= 32768 && (n - 1) * per < 32768 && per % 64 == 0);
+        // One resident block per SM: half the splits.
+        assert_eq!(plan_splits(32, 32768, 132, 64), (4, 8192));
+        // Keys that do not divide evenly: splits cover them, block-aligned.
+        let (n, per) = plan_splits(40, 10_000, slots, 64);
+        assert!(n * per >= 10_000 && (n - 1) * per < 10_000 && per % 64 == 0);
+        assert!(
+            40 * n <= slots,
+            "{n} splits of 40 blocks: more than one wave"
+        );
         // Short keys never split below the minimum.
-        assert_eq!(plan_splits(1, 300, 132, 64), (1, 300));
-        let (n, per) = plan_splits(1, 1024, 132, 64);
+        assert_eq!(plan_splits(1, 300, slots, 64), (1, 300));
+        let (n, per) = plan_splits(1, 1024, slots, 64);
         assert_eq!((n, per), (4, 256));
         // Never more than MAX_SPLITS.
-        assert!(plan_splits(1, 1 << 24, 132, 64).0 <= MAX_SPLITS);
+        assert!(plan_splits(1, 1 << 24, slots, 64).0 <= MAX_SPLITS);
         // Zero keys: one split.
-        assert_eq!(plan_splits(1, 0, 132, 64), (1, 1));
+        assert_eq!(plan_splits(1, 0, slots, 64), (1, 1));
     }
 
     #[test]
