@@ -138,6 +138,16 @@ fn refused(
     })
 }
 
+/// Bytes of a device buffer of `len` elements of `dtype` (at least one:
+/// the driver refuses empty allocations).
+fn byte_len(dtype: DType, len: usize) -> Result<usize> {
+    len.checked_mul(dtype.size_bytes())
+        .map(|b| b.max(1))
+        .ok_or(AttnError::Overflow {
+            what: "buffer size",
+        })
+}
+
 fn bytes_of(data: &HostData) -> Vec<u8> {
     match data {
         HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -346,12 +356,21 @@ impl Cuda {
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
-        let bytes = len
-            .checked_mul(dtype.size_bytes())
-            .ok_or(AttnError::Overflow {
-                what: "buffer size",
-            })?;
-        let data = self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(drv)?;
+        let bytes = byte_len(dtype, len)?;
+        let data = self.stream.alloc_zeros::<u8>(bytes).map_err(drv)?;
+        Ok(CudaBuffer { data, dtype, len })
+    }
+
+    /// [`Cuda::alloc`] without the zero fill (one memset launch fewer).
+    ///
+    /// # Safety
+    /// The buffer's contents are whatever the allocator leaves: the caller
+    /// must have every element it reads written first, on this stream.
+    unsafe fn alloc_unset(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
+        let bytes = byte_len(dtype, len)?;
+        // SAFETY: the caller writes before reading (this function's
+        // contract); u8 has no invalid bit patterns.
+        let data = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv)?;
         Ok(CudaBuffer { data, dtype, len })
     }
 
@@ -472,11 +491,18 @@ impl Cuda {
             .transpose()?;
         let sinks = o.sinks.as_ref().map(|a| self.upload_f32(a)).transpose()?;
         let rows = s.batch * s.q_heads * s.q_len;
+        // The split workspaces are not zeroed: the forward launch writes
+        // every split's partial output and log-sum-exp for every row below
+        // q_len (its blocks have no early exit but rows past q_len), and
+        // the combine launch after it on this stream reads only those.
         let mut part = if splits > 1 {
-            Some((
-                self.alloc(DType::F32, splits * rows * s.head_dim_v)?,
-                self.alloc(DType::F32, splits * rows)?,
-            ))
+            // SAFETY: written before read, as said above.
+            unsafe {
+                Some((
+                    self.alloc_unset(DType::F32, splits * rows * s.head_dim_v)?,
+                    self.alloc_unset(DType::F32, splits * rows)?,
+                ))
+            }
         } else {
             None
         };
