@@ -277,25 +277,10 @@ impl Cpu {
 }
 
 impl Backend for Cpu {
-    type Buffer = HostData;
+    attn_spec::host_buffers!();
 
     fn name(&self) -> String {
         "cpu".into()
-    }
-    fn upload(&self, data: &HostData) -> Result<HostData> {
-        Ok(data.clone())
-    }
-    fn download(&self, buf: &HostData) -> Result<HostData> {
-        Ok(buf.clone())
-    }
-    fn zeros(&self, dtype: DType, len: usize) -> Result<HostData> {
-        Ok(HostData::zeros(dtype, len))
-    }
-    fn info(&self, buf: &HostData) -> BufferInfo {
-        BufferInfo {
-            dtype: buf.dtype(),
-            len: buf.len(),
-        }
     }
     fn supports(&self, problem: &Problem) -> Result<()> {
         match problem.dtype {

@@ -126,6 +126,65 @@ pub trait Backend {
     }
 }
 
+/// The buffer half of [`Backend`] for a backend whose buffers are host
+/// memory: `type Buffer = HostData`, `upload` and `download` as copies,
+/// `zeros` a fresh zeroed buffer, `info` the data's own type and length.
+/// Written once here for every host backend (the reference, attn-cpu, the
+/// facade's engine); invoked inside the `impl Backend` block:
+///
+/// ```
+/// use attn_spec::{AttnError, Backend, HostData, Inputs, Problem, Result};
+///
+/// struct Refuses;
+///
+/// impl Backend for Refuses {
+///     attn_spec::host_buffers!();
+///     fn name(&self) -> String {
+///         "refuses".into()
+///     }
+///     fn supports(&self, _: &Problem) -> Result<()> {
+///         Err(AttnError::Unsupported {
+///             backend: self.name(),
+///             feature: "anything".into(),
+///             reason: "an example".into(),
+///         })
+///     }
+///     fn forward_into(
+///         &self,
+///         problem: &Problem,
+///         _: Inputs<'_, HostData>,
+///         _: &mut HostData,
+///         _: Option<&mut HostData>,
+///     ) -> Result<()> {
+///         self.supports(problem)
+///     }
+/// }
+///
+/// let b = Refuses.upload(&HostData::F32(vec![1.0, 2.0])).unwrap();
+/// assert_eq!(Refuses.info(&b).len, 2);
+/// ```
+#[macro_export]
+macro_rules! host_buffers {
+    () => {
+        type Buffer = $crate::HostData;
+        fn upload(&self, data: &$crate::HostData) -> $crate::Result<$crate::HostData> {
+            Ok(data.clone())
+        }
+        fn download(&self, buf: &$crate::HostData) -> $crate::Result<$crate::HostData> {
+            Ok(buf.clone())
+        }
+        fn zeros(&self, dtype: $crate::DType, len: usize) -> $crate::Result<$crate::HostData> {
+            Ok($crate::HostData::zeros(dtype, len))
+        }
+        fn info(&self, buf: &$crate::HostData) -> $crate::BufferInfo {
+            $crate::BufferInfo {
+                dtype: buf.dtype(),
+                len: buf.len(),
+            }
+        }
+    };
+}
+
 /// A reference to a backend is a backend (so a layer can borrow one).
 impl<B: Backend + ?Sized> Backend for &B {
     type Buffer = B::Buffer;

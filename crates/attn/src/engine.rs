@@ -6,8 +6,8 @@
 //! device across calls with `attn::cuda::Cuda` itself).
 
 use attn_spec::{
-    AttentionMaps, Backend, Backward, BufferInfo, DType, GradInputs, GradOutputs, HostData, Inputs,
-    Linear, MapLayout, Problem, Reference, Result,
+    AttentionMaps, Backend, Backward, GradInputs, GradOutputs, HostData, Inputs, Linear, MapLayout,
+    Problem, Reference, Result,
 };
 
 /// Which backend an [`Engine`] runs.
@@ -194,25 +194,10 @@ mod gpu {
 }
 
 impl Backend for Engine {
-    type Buffer = HostData;
+    attn_spec::host_buffers!();
 
     fn name(&self) -> String {
         each!(self, b => b.name(), c => c.name())
-    }
-    fn upload(&self, data: &HostData) -> Result<HostData> {
-        Ok(data.clone())
-    }
-    fn download(&self, buf: &HostData) -> Result<HostData> {
-        Ok(buf.clone())
-    }
-    fn zeros(&self, dtype: DType, len: usize) -> Result<HostData> {
-        Ok(HostData::zeros(dtype, len))
-    }
-    fn info(&self, buf: &HostData) -> BufferInfo {
-        BufferInfo {
-            dtype: buf.dtype(),
-            len: buf.len(),
-        }
     }
     fn supports(&self, problem: &Problem) -> Result<()> {
         each!(self, b => b.supports(problem), c => c.supports(problem))

@@ -12,7 +12,7 @@ use crate::backend::{check_call, Backend, Inputs};
 use crate::dtype::{round_to, DType};
 use crate::error::Result;
 use crate::linear::{check_linear, Linear};
-use crate::problem::{BufferInfo, Problem};
+use crate::problem::Problem;
 use crate::tensor::HostData;
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
@@ -275,25 +275,10 @@ impl Reference {
 }
 
 impl Backend for Reference {
-    type Buffer = HostData;
+    crate::host_buffers!();
 
     fn name(&self) -> String {
         "reference".into()
-    }
-    fn upload(&self, data: &HostData) -> Result<HostData> {
-        Ok(data.clone())
-    }
-    fn download(&self, buf: &HostData) -> Result<HostData> {
-        Ok(buf.clone())
-    }
-    fn zeros(&self, dtype: DType, len: usize) -> Result<HostData> {
-        Ok(HostData::zeros(dtype, len))
-    }
-    fn info(&self, buf: &HostData) -> BufferInfo {
-        BufferInfo {
-            dtype: buf.dtype(),
-            len: buf.len(),
-        }
     }
     fn supports(&self, _problem: &Problem) -> Result<()> {
         Ok(())
