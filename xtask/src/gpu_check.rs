@@ -6,8 +6,16 @@
 //! GPU (`ATTN_REQUIRE_GPU=1`: a missing GPU fails), then times attn-cuda
 //! and PyTorch's `scaled_dot_product_attention` on the same shapes with
 //! CUDA events, and prints TFLOP/s and percent of the measured bf16 matmul
-//! peak. NVRTC comes from PyTorch's own CUDA 12 wheels there
-//! (`nvidia.cuda_nvrtc`), or from `$ATTN_CUDA_LIB_DIR`.
+//! peak, then profiles two launches with Nsight Compute where it can.
+//! NVRTC comes from the machine's toolkit or PyTorch's own wheels there
+//! (CUDA 12 or 13), or from `$ATTN_CUDA_LIB_DIR`.
+//!
+//! Knobs for a short device session (`run.sh`'s environment):
+//! `ATTN_GPU_CASES` (generated conformance cases, default 128),
+//! `TEST_TIMEOUT` (seconds per test, default 300), `QUICK=1` (5 timed
+//! runs instead of 20), `NO_PROFILE=1` (no Nsight Compute), `FORCE=1` (go
+//! on past a failed smoke case), `ATTN_REQUIRE_GPU=0` (a dry run without
+//! a GPU), `OUT` (where logs go, default `./out`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -85,6 +93,20 @@ for t in tests/*; do
 done
 if ! python3 torch_bench.py --attn ./gpu_bench --out "$OUT" ${QUICK:+--quick}; then
   status=1
+fi
+# Profiles of the tensor-core kernel on a causal prefill and of a GQA decode
+# step (with its combine pass), by Nsight Compute where the runtime lets it
+# read the counters (Firecracker does, gVisor does not); NO_PROFILE=1 skips.
+if [ -z "${NO_PROFILE:-}" ] && command -v ncu >/dev/null; then
+  for only in prefill/bf16/s4096/kv4096/causal/mma decode/bf16/s1/kv32768/full/mma; do
+    f="$OUT/ncu-$(echo "$only" | tr / -).txt"
+    echo "== ncu $only (report: $f)"
+    if ! timeout 300 ncu --clock-control none --launch-count 2 --set detailed \
+      ./gpu_bench --only "$only" --reps 1 >"$f" 2>&1; then
+      echo "ncu failed: $(tail -2 "$f")"
+    fi
+    grep -E "attn_|Duration|Compute \(SM\) Throughput|DRAM Throughput|Registers Per Thread|Achieved Occupancy" "$f" | head -14
+  done
 fi
 exit $status
 "#;

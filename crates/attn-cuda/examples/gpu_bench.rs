@@ -4,9 +4,14 @@
 //! shapes and prints the table). Run on a machine with a GPU:
 //!
 //! ```sh
-//! gpu_bench            # every shape
-//! gpu_bench --quick    # fewer repetitions
+//! gpu_bench                     # every shape
+//! gpu_bench --quick             # fewer repetitions
+//! gpu_bench --only bf16/s4096/causal --reps 1   # shapes whose label
+//!                               # (name/dtype/s<q_len>/kv<kv_len>/causal|full/kernel) contains it
 //! ```
+//!
+//! `--only` with `--reps 1` is how `run.sh` puts one launch under Nsight
+//! Compute.
 
 use attn_cuda::{Cuda, HalfKernel};
 use attn_spec::{AttnOptions, Backend, DType, HostData, Inputs, Problem, Shape};
@@ -57,8 +62,19 @@ fn data(dtype: DType, n: usize, seed: u64) -> HostData {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let reps = if quick { 5 } else { 20 };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let quick = args.iter().any(|a| a == "--quick");
+    let reps: usize = match value("--reps") {
+        Some(r) => r.parse()?,
+        None if quick => 5,
+        None => 20,
+    };
+    let only = value("--only").unwrap_or_default();
     let tc = Cuda::first()?;
     let simt = Cuda::first()?.with_half_kernel(HalfKernel::Simt)?;
     eprintln!(
@@ -84,12 +100,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if kname == "simt" && dtype != DType::F32 && name == "prefill" && sq > 4096 {
                 continue; // the FMA kernel on half inputs: one size is enough
             }
+            let mask = if causal { "causal" } else { "full" };
+            let label = format!("{name}/{dtype}/s{sq}/kv{sk}/{mask}/{kname}");
+            if !label.contains(&only) {
+                continue;
+            }
             let q = be.upload(&data(dtype, b * sq * hq * d, 1))?;
             let k = be.upload(&data(dtype, b * sk * hkv * d, 2))?;
             let v = be.upload(&data(dtype, b * sk * hkv * d, 3))?;
             let mut out = be.zeros(dtype, b * sq * hq * d)?;
             let mut run = || be.forward_into(&p, Inputs::new(&q, &k, &v), &mut out, None);
-            for _ in 0..3 {
+            for _ in 0..3.min(reps) {
                 run()?;
             }
             let mut ms = be.time_ms(reps, &mut run)?;
