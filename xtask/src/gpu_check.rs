@@ -13,7 +13,8 @@
 //! Knobs for a short device session (`run.sh`'s environment):
 //! `ATTN_GPU_CASES` (generated conformance cases, default 128),
 //! `TEST_TIMEOUT` (seconds per test, default 300), `QUICK=1` (5 timed
-//! runs instead of 20), `NO_PROFILE=1` (no Nsight Compute), `FORCE=1` (go
+//! runs instead of 20), `NO_PROFILE=1` (no Nsight Compute),
+//! `NO_SANITIZE=1` (no compute-sanitizer pass over the smoke case), `FORCE=1` (go
 //! on past a failed smoke case), `ATTN_REQUIRE_GPU=0` (a dry run without
 //! a GPU), `OUT` (where logs go, default `./out`).
 
@@ -85,6 +86,18 @@ if ! run_test "$conf" smoke; then
   [ -n "${FORCE:-}" ] || exit 1
 fi
 grep -E "^GPU:" "$OUT/$(basename "$conf").smoke.log"
+# The smoke cases again under compute-sanitizer (out-of-bounds and
+# misaligned accesses; shared-memory races of the cp.async pipeline), where
+# the runtime lets it see the GPU (Firecracker does, gVisor does not);
+# NO_SANITIZE=1 skips.
+if [ -z "${NO_SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    log="$OUT/smoke.$tool.log"
+    timeout 300 compute-sanitizer --tool "$tool" --print-limit 20 \
+      "$conf" --exact smoke --test-threads=1 --nocapture >"$log" 2>&1
+    echo "compute-sanitizer $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|not supported|rror" "$log" | tail -2 | tr '\n' ' ')"
+  done
+fi
 for t in tests/*; do
   for name in $("$t" --list 2>/dev/null | sed -n 's/: test$//p'); do
     [ "$t" = "$conf" ] && [ "$name" = smoke ] && continue

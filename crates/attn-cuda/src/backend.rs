@@ -509,8 +509,7 @@ impl Cuda {
 
         let st = &self.stream;
         params.q = addr.q;
-        params.k = addr.k;
-        params.v = addr.v;
+        params.set_kv(addr.k, addr.v);
         params.o = addr.o;
         params.lse = addr.lse;
         params.bias = addr.bias;

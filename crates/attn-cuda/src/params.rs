@@ -269,6 +269,19 @@ impl Params {
             ..Params::default()
         })
     }
+
+    /// Sets K's and V's device addresses. The views' offsets and strides
+    /// allow 16-byte copies only from 16-byte aligned buffers, which this
+    /// backend's allocations are but a borrowed slice
+    /// (`Cuda::forward_slices`) need not be: `kv_vec` is cleared unless
+    /// both addresses are.
+    pub fn set_kv(&mut self, k: u64, v: u64) {
+        self.k = k;
+        self.v = v;
+        if !(k | v).is_multiple_of(16) {
+            self.kv_vec = 0;
+        }
+    }
 }
 
 /// Grid and block of a forward kernel: x over query blocks, y over query
@@ -450,6 +463,15 @@ mod tests {
         assert_eq!(k.q_st, [5 * 4 * 8, 4 * 8, 8, 1]);
         assert_eq!(k.scale, 1.0 / 8f32.sqrt());
         assert_eq!(k.kv_vec, 1, "contiguous f16 rows of 8 elements");
+        let mut at = k;
+        at.set_kv(256, 512);
+        assert_eq!((at.k, at.v, at.kv_vec), (256, 512, 1));
+        at.set_kv(256, 520);
+        assert_eq!(
+            (at.k, at.v, at.kv_vec),
+            (256, 520, 0),
+            "V at 8 bytes past 16"
+        );
         let mut odd = p.clone();
         odd.k.offset = 3;
         assert_eq!(Params::new(&odd, 1, 9).unwrap().kv_vec, 0, "offset 3");

@@ -82,9 +82,11 @@ proptest! {
 }
 
 /// The first thing the GPU bundle runs, alone in its process (`run.sh`:
-/// `smoke --exact`): one small causal case per forward kernel (f32 on the
-/// FMA kernel, bf16 and f16 on the tensor cores and the FMA kernel) and a
-/// decode row on the split-KV path, so that a fault that poisons the
+/// `smoke --exact`, then again under compute-sanitizer's memcheck and
+/// racecheck): one small causal GQA case per forward kernel (f32 on the
+/// FMA kernel, bf16 and f16 on the tensor cores and the FMA kernel), head
+/// dim 256 (over 48 KB of shared memory: the opt-in), a decode row on the
+/// split-KV path, and one backward case, so that a fault that poisons the
 /// context (an out-of-bounds read, a misaligned copy) shows here, named,
 /// before the suite's shared context hides its first cause.
 #[test]
@@ -93,18 +95,22 @@ fn smoke() {
     use attn_spec::Shape;
     if let Some((tc, simt)) = gpu() {
         eprintln!("GPU: {tc:?}");
-        // (1024 keys for one query row: enough for `plan_splits` to split.)
-        let cases = [
-            (DType::F32, 64, 128),
-            (DType::Bf16, 64, 128),
-            (DType::F16, 64, 128),
-            (DType::Bf16, 1, 1024),
-        ];
-        for (dtype, q_len, kv_len) in cases {
-            let mut params = CaseParams::plain(Shape::new(1, 4, 2, q_len, kv_len, 64));
+        let params = |dtype, q_len, kv_len, d| {
+            let mut params = CaseParams::plain(Shape::new(1, 4, 2, q_len, kv_len, d));
             params.dtype = dtype;
             params.options = params.options.causal();
-            let case = Case::build(params);
+            params
+        };
+        // (1024 keys for one query row: enough for `plan_splits` to split.)
+        let cases = [
+            (DType::F32, 64, 128, 64),
+            (DType::Bf16, 64, 128, 64),
+            (DType::F16, 64, 128, 64),
+            (DType::Bf16, 64, 96, 256),
+            (DType::Bf16, 1, 1024, 64),
+        ];
+        for (dtype, q_len, kv_len, d) in cases {
+            let case = Case::build(params(dtype, q_len, kv_len, d));
             eprintln!("smoke: {}", case.describe());
             assert_eq!(
                 check_case(tc, &case),
@@ -115,6 +121,9 @@ fn smoke() {
                 assert_eq!(check_case(simt, &case), Ok(Outcome::Passed), "FMA backend");
             }
         }
+        let bc = BackCase::build(params(DType::Bf16, 64, 128, 64));
+        eprintln!("smoke: backward {}", bc.case.describe());
+        assert_eq!(check_backward(tc, &bc), Ok(Outcome::Passed), "backward");
     }
 }
 

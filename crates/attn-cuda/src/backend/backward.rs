@@ -95,8 +95,7 @@ impl Backward for Cuda {
         let sk_g = sinks.as_ref().map(|b| b.data.device_ptr(st));
         let addr = |g: &Option<(u64, _)>| g.as_ref().map_or(0, |g| g.0);
         params.q = qa;
-        params.k = ka;
-        params.v = va;
+        params.set_kv(ka, va);
         params.o = oa;
         params.lse = la;
         params.bias = addr(&bias_g);
