@@ -109,7 +109,7 @@ fn parse_ptxas(log: &str) -> Usage {
 fn is_main(v: &Variant) -> bool {
     matches!(
         v.kernel,
-        Kernel::Mma | Kernel::Simt | Kernel::BwdDq | Kernel::BwdDkdv
+        Kernel::Mma | Kernel::MmaFast | Kernel::Simt | Kernel::BwdDq | Kernel::BwdDkdv
     )
 }
 

@@ -8,6 +8,7 @@
 //! gpu_bench --quick             # fewer repetitions
 //! gpu_bench --only bf16/s4096/causal --reps 1   # shapes whose label
 //!                               # (name/dtype/s<q_len>/kv<kv_len>/causal|full/kernel) contains it
+//!                               # (ending in '$': equals it)
 //! ```
 //!
 //! `--only` with `--reps 1` is how `run.sh` puts one launch under Nsight
@@ -77,6 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let only = value("--only").unwrap_or_default();
     let tc = Cuda::first()?;
     let simt = Cuda::first()?.with_half_kernel(HalfKernel::Simt)?;
+    let fast = Cuda::first()?.with_half_kernel(HalfKernel::TensorCoreFast)?;
     eprintln!(
         "attn-cuda on {} (sm_{}{}, {} SMs)",
         tc.device_name(),
@@ -94,7 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let kernels: &[(&str, &Cuda)] = if dtype == DType::F32 {
             &[("simt", &simt)]
         } else {
-            &[("mma", &tc), ("simt", &simt)]
+            &[("mma", &tc), ("mma-fast", &fast), ("simt", &simt)]
         };
         for &(kname, be) in kernels {
             if kname == "simt" && dtype != DType::F32 && name == "prefill" && sq > 4096 {
@@ -102,7 +104,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let mask = if causal { "causal" } else { "full" };
             let label = format!("{name}/{dtype}/s{sq}/kv{sk}/{mask}/{kname}");
-            if !label.contains(&only) {
+            // A filter ending in '$' names one label exactly.
+            let picked = match only.strip_suffix('$') {
+                Some(exact) => label == exact,
+                None => label.contains(&only),
+            };
+            if !picked {
                 continue;
             }
             let q = be.upload(&data(dtype, b * sq * hq * d, 1))?;

@@ -51,6 +51,10 @@ impl CudaBuffer {
 pub enum HalfKernel {
     /// Tensor cores (`mma.sync`): the fast path.
     TensorCore,
+    /// Tensor cores with the opt-in `FAST` softmax and fragment handling
+    /// ([`Kernel::MmaFast`]), until it has passed the conformance suite on
+    /// a GPU.
+    TensorCoreFast,
     /// Plain FMA, f32 throughout (f32 inputs always take it).
     Simt,
 }
@@ -258,7 +262,7 @@ impl Cuda {
     /// The same backend running `kernel` for f16/bf16 inputs (tensor cores
     /// need compute capability 8.0 or newer).
     pub fn with_half_kernel(mut self, kernel: HalfKernel) -> Result<Self> {
-        if kernel == HalfKernel::TensorCore && self.arch.0 < 8 {
+        if kernel != HalfKernel::Simt && self.arch.0 < 8 {
             return Err(AttnError::Unsupported {
                 backend: self.name(),
                 feature: "tensor-core kernel".into(),
@@ -344,12 +348,17 @@ impl Cuda {
     /// The tensor-core kernel for f16/bf16 when chosen and its shared
     /// memory fits this GPU (head dim 256 needs about 100 KB), else FMA.
     fn forward_kernel(&self, p: &Problem) -> Kernel {
-        match (p.dtype, self.half_kernel) {
-            (DType::F16 | DType::Bf16, HalfKernel::TensorCore)
-                if Variant::for_problem(Kernel::Mma, p, self.arch).smem_bytes()
-                    <= self.smem_optin =>
+        let tc = match self.half_kernel {
+            HalfKernel::TensorCore => Kernel::Mma,
+            HalfKernel::TensorCoreFast => Kernel::MmaFast,
+            HalfKernel::Simt => Kernel::Simt,
+        };
+        match p.dtype {
+            DType::F16 | DType::Bf16
+                if tc != Kernel::Simt
+                    && Variant::for_problem(tc, p, self.arch).smem_bytes() <= self.smem_optin =>
             {
-                Kernel::Mma
+                tc
             }
             _ => Kernel::Simt,
         }

@@ -22,6 +22,13 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub enum Kernel {
     /// Tensor-core forward (`mma.sync.m16n8k16`), f16 and bf16.
     Mma,
+    /// [`Kernel::Mma`] compiled with `FAST`: the softmax in base 2 on
+    /// `ex2.approx` with the scale and log2(e) folded into one multiply,
+    /// probabilities packed by `cvt.rn.{bf16,f16}x2.f32`, and Q's fragments
+    /// kept in registers across key tiles (Q/K head dims up to 128).
+    /// Opt-in (`HalfKernel::TensorCoreFast`) until it has passed the
+    /// conformance suite on a GPU.
+    MmaFast,
     /// Plain-FMA forward, f32 arithmetic throughout (any element type).
     Simt,
     /// The split-KV combine pass.
@@ -42,7 +49,7 @@ impl Kernel {
     /// The `extern "C"` function name in the source.
     pub fn function(self) -> &'static str {
         match self {
-            Kernel::Mma => "attn_mma",
+            Kernel::Mma | Kernel::MmaFast => "attn_mma",
             Kernel::Simt => "attn_simt",
             Kernel::Combine => "attn_combine",
             Kernel::Linear => "attn_linear",
@@ -56,7 +63,7 @@ impl Kernel {
     /// Threads per block (the `*_WARPS` constants of the sources).
     pub fn threads(self) -> u32 {
         match self {
-            Kernel::Mma => 4 * 32,
+            Kernel::Mma | Kernel::MmaFast => 4 * 32,
             Kernel::Simt => 8 * 32,
             Kernel::Combine => 4 * 32,
             Kernel::Linear => 16 * 16,
@@ -70,7 +77,7 @@ impl Kernel {
     /// (combine: one warp per row).
     pub fn rows_per_block(self) -> usize {
         match self {
-            Kernel::Mma => 64,
+            Kernel::Mma | Kernel::MmaFast => 64,
             Kernel::Simt => 8,
             Kernel::Combine => 4,
             Kernel::Linear => 16,
@@ -83,7 +90,7 @@ impl Kernel {
     /// (16 covers both); the SIMT kernel gives each lane whole columns, 32.
     fn pad_unit(self) -> usize {
         match self {
-            Kernel::Mma => 16,
+            Kernel::Mma | Kernel::MmaFast => 16,
             _ => 32,
         }
     }
@@ -190,7 +197,7 @@ impl Variant {
     pub fn smem_bytes(&self) -> usize {
         let (dq, dv) = (self.dqk_pad(), self.dv_pad());
         match self.kernel {
-            Kernel::Mma => {
+            Kernel::Mma | Kernel::MmaFast => {
                 // Q, then two stages of K and V.
                 let bn = self.block_n();
                 2 * (64 * (dq + 8) + 2 * (bn * (dq + 8) + bn * (dv + 8)))
@@ -225,6 +232,7 @@ impl Variant {
             ("DQK_PAD", self.dqk_pad()),
             ("DV_PAD", self.dv_pad()),
             ("BLOCK_N", self.block_n()),
+            ("FAST", b(self.kernel == Kernel::MmaFast) as usize),
         ] {
             s.push_str(&format!("#define {k} {v}\n"));
         }
@@ -234,7 +242,7 @@ impl Variant {
     /// The whole translation unit NVRTC compiles.
     pub fn source(&self) -> String {
         let body = match self.kernel {
-            Kernel::Mma => MMA,
+            Kernel::Mma | Kernel::MmaFast => MMA,
             Kernel::Simt => SIMT,
             Kernel::Combine => COMBINE,
             Kernel::Linear => LINEAR,
@@ -252,6 +260,9 @@ impl Variant {
     /// A short name for reports.
     pub fn describe(&self) -> String {
         let mut f = Vec::new();
+        if self.kernel == Kernel::MmaFast {
+            f.push("fast".to_string());
+        }
         if let Some(b) = self.bias {
             f.push(format!("bias:{b}"));
         }
@@ -321,6 +332,7 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
     let mut out = Vec::new();
     for (kernel, elems) in [
         (Kernel::Mma, &[DType::F16, DType::Bf16][..]),
+        (Kernel::MmaFast, &[DType::F16, DType::Bf16][..]),
         (Kernel::Simt, &[DType::F32, DType::F16, DType::Bf16][..]),
         (Kernel::Combine, &[DType::F32, DType::F16, DType::Bf16][..]),
         (Kernel::BwdDq, &[DType::F32, DType::F16, DType::Bf16][..]),
@@ -420,6 +432,15 @@ mod tests {
         assert_ne!(va, vd);
         assert!(vd.defines().contains("#define HAS_SOFTCAP 1\n"));
         assert!(va.defines().contains("#define HAS_SOFTCAP 0\n"));
+        // The fast tensor-core kernel: the same source, another module.
+        let vf = Variant::for_problem(Kernel::MmaFast, &a, (9, 0));
+        assert_ne!(va, vf);
+        assert!(vf.defines().contains("#define FAST 1\n"));
+        assert!(va.defines().contains("#define FAST 0\n"));
+        assert_eq!(
+            (vf.smem_bytes(), vf.block_n()),
+            (va.smem_bytes(), va.block_n())
+        );
     }
 
     #[test]
@@ -437,6 +458,7 @@ mod tests {
         let v = check_variants((8, 0));
         for k in [
             Kernel::Mma,
+            Kernel::MmaFast,
             Kernel::Simt,
             Kernel::Combine,
             Kernel::Linear,

@@ -34,6 +34,18 @@ fn gpu() -> Option<&'static (Cuda, Cuda)> {
     .as_ref()
 }
 
+/// The tensor-core backend with the opt-in `FAST` kernel
+/// (`HalfKernel::TensorCoreFast`), or `None` where [`gpu`] is.
+fn fast() -> Option<&'static Cuda> {
+    static F: OnceLock<Option<Cuda>> = OnceLock::new();
+    F.get_or_init(|| {
+        gpu()?;
+        let fast = Cuda::first().and_then(|c| c.with_half_kernel(HalfKernel::TensorCoreFast));
+        Some(fast.unwrap_or_else(|e| panic!("the fast tensor-core backend failed to start: {e}")))
+    })
+    .as_ref()
+}
+
 /// Generated cases: `$ATTN_GPU_CASES`, default 256. Most cases need a
 /// kernel variant of their own (NVRTC, about half a second each), so the
 /// GPU bundle's script lowers it to fit a short device session.
@@ -119,11 +131,38 @@ fn smoke() {
             );
             if dtype != DType::F32 {
                 assert_eq!(check_case(simt, &case), Ok(Outcome::Passed), "FMA backend");
+                let fast = fast().expect("a GPU");
+                assert_eq!(check_case(fast, &case), Ok(Outcome::Passed), "fast kernel");
             }
         }
         let bc = BackCase::build(params(DType::Bf16, 64, 128, 64));
         eprintln!("smoke: backward {}", bc.case.describe());
         assert_eq!(check_backward(tc, &bc), Ok(Outcome::Passed), "backward");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: gpu_cases() / 2, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The opt-in fast tensor-core kernel on generated f16/bf16 cases (f32
+    /// cases run the FMA kernel whatever the choice, so they are skipped).
+    #[test]
+    fn cuda_fast_kernel_passes_the_suite(params in case_params()) {
+        if let Some(fast) = fast() {
+            let case = Case::build(params);
+            if case.problem.dtype != DType::F32 {
+                prop_assert_eq!(check_case(fast, &case), Ok(Outcome::Passed));
+            }
+        }
+    }
+}
+
+/// The fast kernel on the hand-computed and split-KV decoding cases.
+#[test]
+fn fast_kernel_hand_and_split_kv_cases() {
+    if let Some(fast) = fast() {
+        hand::all(fast).unwrap();
+        hand::split_kv(fast).unwrap();
     }
 }
 

@@ -144,3 +144,41 @@ fn kernels_compile_to_machine_code_for_the_device_architecture() {
         }
     }
 }
+
+/// The opt-in fast tensor-core kernel is the same source compiled with
+/// `FAST`: its PTX packs probabilities with `cvt.rn.{bf16,f16}x2.f32` and
+/// takes `ex2.approx.ftz`, where the default kernel packs them by hand.
+#[test]
+fn the_fast_kernel_compiles_its_own_instructions() {
+    if attn_cuda::libs::nvrtc().is_err() {
+        if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") {
+            panic!("ATTN_REQUIRE_NVRTC=1 but NVRTC is missing");
+        }
+        eprintln!("skipping: no NVRTC");
+        return;
+    }
+    for (elem, cvt) in [
+        (attn_spec::DType::Bf16, "cvt.rn.bf16x2.f32"),
+        (attn_spec::DType::F16, "cvt.rn.f16x2.f32"),
+    ] {
+        let pick = |k| {
+            *check_variants((9, 0))
+                .iter()
+                .find(|v| v.kernel == k && v.elem == elem && v.dqk == 128 && !v.sinks)
+                .expect("in the check set")
+        };
+        let text = |v: &attn_cuda::Variant| compile::ptx(v).unwrap().to_src();
+        let (base, fast) = (
+            text(&pick(attn_cuda::Kernel::Mma)),
+            text(&pick(attn_cuda::Kernel::MmaFast)),
+        );
+        assert!(
+            fast.contains(cvt) && fast.contains("ex2.approx.ftz.f32"),
+            "{elem}"
+        );
+        assert!(
+            !base.contains(cvt),
+            "{elem}: the default kernel packs by hand"
+        );
+    }
+}

@@ -27,7 +27,22 @@
 // the head dim, everything else a multiple of 8 elements), element by
 // element otherwise.
 
+// FAST (`Kernel::MmaFast`, opt-in until it has passed the suite on a GPU):
+// scores in base-2 units (the scale and log2(e) one multiply where no
+// option changes the scores), exponentials by `ex2.approx.ftz` (2 ulp, within
+// the conformance bound's 8; results under 2^-126 flush to 0, which the
+// softmax's f32 sums lose anyway), probabilities packed by `cvt.rn`, and
+// each warp's Q fragments held in registers across key tiles when the
+// Q/K head dim pads to at most 128 (32 registers; more would spill).
+
 #define MMA_WARPS 4
+#if FAST && DQK_PAD <= 128
+#define Q_IN_REGS 1
+#else
+#define Q_IN_REGS 0
+#endif
+#define LOG2E_F 1.4426950408889634f
+#define LN2_F 0.6931471805599453f
 #define BM (16 * MMA_WARPS)
 #define QSTR (DQK_PAD + 8)
 #define KSTR (DQK_PAD + 8)
@@ -108,9 +123,41 @@ __device__ __forceinline__ u16 to_elem_bits(float x) {
 #endif
 }
 
+// Two probabilities into one A-operand register, `lo` in the low half.
 __device__ __forceinline__ u32 pack2(float lo, float hi) {
+#if FAST
+    // cvt's first source goes to the upper half, its second to the lower.
+    u32 r;
+#if ELEM == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+#else
     return (u32)to_elem_bits(lo) | ((u32)to_elem_bits(hi) << 16);
+#endif
 }
+
+#if FAST
+// 2^x; 2^-inf = +0, NaN stays NaN.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// score() in base-2 units: without soft-cap, ALiBi, bias or mask the scale
+// and log2(e) are one multiply (`scale2`), else score()'s value times log2(e).
+__device__ __forceinline__ float score2(const Params& p, const SeqMask& m, int b, int h, int i,
+                                        int j, int lo, int hi, float dot, float scale2) {
+#if HAS_SOFTCAP || HAS_ALIBI || BIAS_KIND != 0 || HAS_MASK
+    return score(p, m, b, h, i, j, lo, hi, dot) * LOG2E_F;
+#else
+    return (j < lo || j >= hi) ? NEG_INF : dot * scale2;
+#endif
+}
+#endif
 
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
                                          u32 b1) {
@@ -169,7 +216,11 @@ attn_mma(const Params p) {
 #if HAS_SINKS
         // The sink is one virtual key: counted once per row (by t == 0).
         if (p.num_splits == 1 && rows[r] < m.ql) {
+#if FAST
+            mr[r] = p.sinks[h] * LOG2E_F;
+#else
             mr[r] = p.sinks[h];
+#endif
             lr[r] = (tq == 0 && mr[r] != NEG_INF) ? 1.0f : 0.0f;
         }
 #endif
@@ -179,6 +230,24 @@ attn_mma(const Params p) {
     for (int n = 0; n < DV_PAD / 8; ++n) {
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     }
+#if FAST
+    const float scale2 = p.scale * LOG2E_F;
+#endif
+#if Q_IN_REGS
+    // The warp's A fragments of Q, read once (every thread reaches this
+    // barrier: Q's staging above is then visible).
+    __syncthreads();
+    u32 qf[DQK_PAD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < DQK_PAD / 16; ++kk) {
+        const u16* qw = Qs + (warp * 16) * QSTR;
+        const int c = kk * 16 + 2 * tq;
+        qf[kk][0] = ld32(qw + gq * QSTR + c);
+        qf[kk][1] = ld32(qw + (gq + 8) * QSTR + c);
+        qf[kk][2] = ld32(qw + gq * QSTR + c + 8);
+        qf[kk][3] = ld32(qw + (gq + 8) * QSTR + c + 8);
+    }
+#endif
 
     // Stage the first tile; each iteration then prefetches the next tile
     // into the other stage before computing on its own.
@@ -204,14 +273,20 @@ attn_mma(const Params p) {
         float s[BLOCK_N / 8][4];
 #pragma unroll
         for (int n = 0; n < BLOCK_N / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#if !Q_IN_REGS
         const u16* qw = Qs + (warp * 16) * QSTR;
+#endif
 #pragma unroll
         for (int kk = 0; kk < DQK_PAD / 16; ++kk) {
             const int c = kk * 16 + 2 * tq;
+#if Q_IN_REGS
+            const u32 a0 = qf[kk][0], a1 = qf[kk][1], a2 = qf[kk][2], a3 = qf[kk][3];
+#else
             u32 a0 = ld32(qw + gq * QSTR + c);
             u32 a1 = ld32(qw + (gq + 8) * QSTR + c);
             u32 a2 = ld32(qw + gq * QSTR + c + 8);
             u32 a3 = ld32(qw + (gq + 8) * QSTR + c + 8);
+#endif
 #pragma unroll
             for (int n = 0; n < BLOCK_N / 8; ++n) {
                 const u16* kr = Ks + (n * 8 + gq) * KSTR + c;
@@ -229,8 +304,14 @@ attn_mma(const Params p) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int j = t0 + n * 8 + 2 * tq + e;
+#if FAST
+                    float x = j < bhi ? score2(p, m, b, h, rows[r], j, lo[r], hi[r],
+                                               s[n][2 * r + e], scale2)
+                                      : NEG_INF;
+#else
                     float x = j < bhi ? score(p, m, b, h, rows[r], j, lo[r], hi[r], s[n][2 * r + e])
                                       : NEG_INF;
+#endif
                     s[n][2 * r + e] = x;
                     tmax = fmaxf(tmax, x);
                 }
@@ -239,14 +320,22 @@ attn_mma(const Params p) {
             tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
             const float mnew = fmaxf(mr[r], tmax);
             const float mu = mnew == NEG_INF ? 0.0f : mnew;
+#if FAST
+            const float alpha = ex2(mr[r] - mu);
+#else
             const float alpha = expf(mr[r] - mu);
+#endif
             mr[r] = mnew;
             float sum = 0.0f;
 #pragma unroll
             for (int n = 0; n < BLOCK_N / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
+#if FAST
+                    float pe = ex2(s[n][2 * r + e] - mu);
+#else
                     float pe = expf(s[n][2 * r + e] - mu);
+#endif
                     s[n][2 * r + e] = pe;
                     sum += pe;
                 }
@@ -291,7 +380,11 @@ attn_mma(const Params p) {
         const int i = rows[r];
         if (i >= p.sq) continue;
         float L, inv;
+#if FAST
+        row_lse(mr[r] * LN2_F, lr[r], &L, &inv);  // the max back in natural units
+#else
         row_lse(mr[r], lr[r], &L, &inv);
+#endif
         const i64 prow = (((i64)split * p.batch + b) * p.hq + h) * p.sq + i;
 #pragma unroll
         for (int n = 0; n < DV_PAD / 8; ++n) {
