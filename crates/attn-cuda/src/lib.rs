@@ -16,8 +16,8 @@
 //!   registers, probabilities fed from the score accumulators straight into
 //!   the P V product. Compiled with `FAST` ([`Kernel::MmaFast`], opt-in by
 //!   [`HalfKernel::TensorCoreFast`] until it has passed the suite on a GPU):
-//!   the softmax in base 2 on `ex2.approx`, probabilities packed by
-//!   `cvt.rn`, Q's fragments in registers.
+//!   probabilities packed by `cvt.rn`, Q's fragments in registers and,
+//!   without soft-cap, ALiBi or bias, the softmax in base 2 on `ex2.approx`.
 //! - `attn_simt` (f32, and f16/bf16 on request): plain FMA in f32, the
 //!   precision of attn-cpu (no tf32 rounding).
 //! - `attn_combine`: split-KV (flash-decoding) merge; [`plan_splits`] is

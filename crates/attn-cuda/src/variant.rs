@@ -22,10 +22,11 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub enum Kernel {
     /// Tensor-core forward (`mma.sync.m16n8k16`), f16 and bf16.
     Mma,
-    /// [`Kernel::Mma`] compiled with `FAST`: the softmax in base 2 on
-    /// `ex2.approx` with the scale and log2(e) folded into one multiply,
-    /// probabilities packed by `cvt.rn.{bf16,f16}x2.f32`, and Q's fragments
-    /// kept in registers across key tiles (Q/K head dims up to 128).
+    /// [`Kernel::Mma`] compiled with `FAST`: probabilities packed by
+    /// `cvt.rn.{bf16,f16}x2.f32`, Q's fragments kept in registers across
+    /// key tiles (Q/K head dims up to 128), and the softmax in base 2 on
+    /// `ex2.approx` with the scale and log2(e) folded into one multiply
+    /// where [`Variant::base2`] allows it.
     /// Opt-in (`HalfKernel::TensorCoreFast`) until it has passed the
     /// conformance suite on a GPU.
     MmaFast,
@@ -193,6 +194,13 @@ impl Variant {
         }
     }
 
+    /// Whether the fast tensor-core kernel runs its softmax in base 2
+    /// (`BASE2`): where no soft-cap, ALiBi or bias changes the scores, whose
+    /// roundings the conformance bound already counts (`mma.cu`).
+    pub fn base2(&self) -> bool {
+        self.kernel == Kernel::MmaFast && !self.softcap && !self.alibi && self.bias.is_none()
+    }
+
     /// Dynamic shared memory per block, bytes.
     pub fn smem_bytes(&self) -> usize {
         let (dq, dv) = (self.dqk_pad(), self.dv_pad());
@@ -233,6 +241,7 @@ impl Variant {
             ("DV_PAD", self.dv_pad()),
             ("BLOCK_N", self.block_n()),
             ("FAST", b(self.kernel == Kernel::MmaFast) as usize),
+            ("BASE2", b(self.base2()) as usize),
         ] {
             s.push_str(&format!("#define {k} {v}\n"));
         }
@@ -368,6 +377,25 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
             }
         }
     }
+    // The fast kernel's base-2 softmax with the options it keeps (masks,
+    // windows, sinks) and without those that send it back to natural units.
+    for elem in [DType::F16, DType::Bf16] {
+        for (dqk, dv) in [(64, 64), (128, 128)] {
+            out.push(Variant {
+                kernel: Kernel::MmaFast,
+                elem,
+                bias: None,
+                mask: true,
+                window: true,
+                softcap: false,
+                alibi: false,
+                sinks: true,
+                dqk,
+                dv,
+                arch,
+            });
+        }
+    }
     for elem in [DType::F32, DType::F16, DType::Bf16] {
         out.push(Variant::linear(elem, arch));
     }
@@ -437,6 +465,23 @@ mod tests {
         assert_ne!(va, vf);
         assert!(vf.defines().contains("#define FAST 1\n"));
         assert!(va.defines().contains("#define FAST 0\n"));
+        // Its softmax in base 2 unless soft-cap, ALiBi or a bias change
+        // the scores (masks, windows and sinks keep it).
+        assert!(vf.defines().contains("#define BASE2 1\n"));
+        assert!(va.defines().contains("#define BASE2 0\n"));
+        let kept = a
+            .clone()
+            .with_options(AttnOptions::default().causal().sinks(vec![0.5; 4]));
+        assert!(Variant::for_problem(Kernel::MmaFast, &kept, (9, 0)).base2());
+        for natural in [
+            d.clone(),
+            a.clone()
+                .with_options(AttnOptions::default().alibi(vec![0.1; 4])),
+            a.clone()
+                .with_bias(attn_spec::View::contiguous([2, 4, 100, 300]), DType::F32),
+        ] {
+            assert!(!Variant::for_problem(Kernel::MmaFast, &natural, (9, 0)).base2());
+        }
         assert_eq!(
             (vf.smem_bytes(), vf.block_n()),
             (va.smem_bytes(), va.block_n())

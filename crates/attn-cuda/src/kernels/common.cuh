@@ -179,6 +179,16 @@ __device__ __forceinline__ void key_range(const Params& p, const SeqMask& m, int
     *hi = (int)(h > l ? h : l);
 }
 
+// Whether the boolean mask (if any) excludes pair (i, j) of head h.
+__device__ __forceinline__ bool masked_out(const Params& p, int b, int h, int i, int j) {
+#if HAS_MASK
+    return p.mask[p.mask_off + (i64)b * p.mask_st[0] + (i64)h * p.mask_st[1] +
+                  (i64)i * p.mask_st[2] + (i64)j * p.mask_st[3]] == 0;
+#else
+    return false;
+#endif
+}
+
 // Steps 1-5 of the formula for one pair whose raw dot product is `dot`;
 // `lo`/`hi` is row i's visible key range. Returns -inf for an excluded pair.
 __device__ __forceinline__ float score(const Params& p, const SeqMask& m, int b, int h,
@@ -201,12 +211,9 @@ __device__ __forceinline__ float score(const Params& p, const SeqMask& m, int b,
     s += load_bias(p.bias, p.bias_off + (i64)b * p.bias_st[0] + (i64)h * p.bias_st[1] +
                                (i64)i * p.bias_st[2] + (i64)j * p.bias_st[3]);
 #endif
-#if HAS_MASK
-    if (p.mask[p.mask_off + (i64)b * p.mask_st[0] + (i64)h * p.mask_st[1] +
-               (i64)i * p.mask_st[2] + (i64)j * p.mask_st[3]] == 0) {
+    if (masked_out(p, b, h, i, j)) {
         return NEG_INF;
     }
-#endif
     return s;
 }
 

@@ -28,12 +28,16 @@
 // element otherwise.
 
 // FAST (`Kernel::MmaFast`, opt-in until it has passed the suite on a GPU):
-// scores in base-2 units (the scale and log2(e) one multiply where no
-// option changes the scores), exponentials by `ex2.approx.ftz` (2 ulp, within
+// probabilities packed by `cvt.rn`, each warp's Q fragments held in
+// registers across key tiles when the Q/K head dim pads to at most 128 (32
+// registers; more would spill), and, where no soft-cap, ALiBi or bias
+// changes the scores (BASE2), scores in base-2 units with the scale and
+// log2(e) one multiply and exponentials by `ex2.approx.ftz` (2 ulp, within
 // the conformance bound's 8; results under 2^-126 flush to 0, which the
-// softmax's f32 sums lose anyway), probabilities packed by `cvt.rn`, and
-// each warp's Q fragments held in registers across key tiles when the
-// Q/K head dim pads to at most 128 (32 registers; more would spill).
+// softmax's f32 sums lose anyway). With those options the scores keep
+// their natural units and `expf`: the bound counts six roundings after the
+// dot product (scale, soft-cap, ALiBi, bias), which they already spend, and
+// the conversion to base 2 would be a seventh.
 
 #define MMA_WARPS 4
 #if FAST && DQK_PAD <= 128
@@ -41,6 +45,7 @@
 #else
 #define Q_IN_REGS 0
 #endif
+// BASE2 is set by the host (`Variant::base2`).
 #define LOG2E_F 1.4426950408889634f
 #define LN2_F 0.6931471805599453f
 #define BM (16 * MMA_WARPS)
@@ -139,7 +144,7 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 #endif
 }
 
-#if FAST
+#if BASE2
 // 2^x; 2^-inf = +0, NaN stays NaN.
 __device__ __forceinline__ float ex2(float x) {
     float y;
@@ -147,16 +152,18 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
-// score() in base-2 units: without soft-cap, ALiBi, bias or mask the scale
-// and log2(e) are one multiply (`scale2`), else score()'s value times log2(e).
-__device__ __forceinline__ float score2(const Params& p, const SeqMask& m, int b, int h, int i,
-                                        int j, int lo, int hi, float dot, float scale2) {
-#if HAS_SOFTCAP || HAS_ALIBI || BIAS_KIND != 0 || HAS_MASK
-    return score(p, m, b, h, i, j, lo, hi, dot) * LOG2E_F;
-#else
-    return (j < lo || j >= hi) ? NEG_INF : dot * scale2;
-#endif
+// score() in base-2 units where nothing but the scale and the masks
+// changes the scores: `scale2` is the scale times log2(e).
+__device__ __forceinline__ float score2(const Params& p, int b, int h, int i, int j, int lo,
+                                        int hi, float dot, float scale2) {
+    if (j < lo || j >= hi || masked_out(p, b, h, i, j)) {
+        return NEG_INF;
+    }
+    return dot * scale2;
 }
+#define EXP ex2
+#else
+#define EXP expf
 #endif
 
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
@@ -216,7 +223,7 @@ attn_mma(const Params p) {
 #if HAS_SINKS
         // The sink is one virtual key: counted once per row (by t == 0).
         if (p.num_splits == 1 && rows[r] < m.ql) {
-#if FAST
+#if BASE2
             mr[r] = p.sinks[h] * LOG2E_F;
 #else
             mr[r] = p.sinks[h];
@@ -230,7 +237,7 @@ attn_mma(const Params p) {
     for (int n = 0; n < DV_PAD / 8; ++n) {
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     }
-#if FAST
+#if BASE2
     const float scale2 = p.scale * LOG2E_F;
 #endif
 #if Q_IN_REGS
@@ -304,8 +311,8 @@ attn_mma(const Params p) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int j = t0 + n * 8 + 2 * tq + e;
-#if FAST
-                    float x = j < bhi ? score2(p, m, b, h, rows[r], j, lo[r], hi[r],
+#if BASE2
+                    float x = j < bhi ? score2(p, b, h, rows[r], j, lo[r], hi[r],
                                                s[n][2 * r + e], scale2)
                                       : NEG_INF;
 #else
@@ -320,22 +327,14 @@ attn_mma(const Params p) {
             tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
             const float mnew = fmaxf(mr[r], tmax);
             const float mu = mnew == NEG_INF ? 0.0f : mnew;
-#if FAST
-            const float alpha = ex2(mr[r] - mu);
-#else
-            const float alpha = expf(mr[r] - mu);
-#endif
+            const float alpha = EXP(mr[r] - mu);
             mr[r] = mnew;
             float sum = 0.0f;
 #pragma unroll
             for (int n = 0; n < BLOCK_N / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-#if FAST
-                    float pe = ex2(s[n][2 * r + e] - mu);
-#else
-                    float pe = expf(s[n][2 * r + e] - mu);
-#endif
+                    float pe = EXP(s[n][2 * r + e] - mu);
                     s[n][2 * r + e] = pe;
                     sum += pe;
                 }
@@ -380,8 +379,15 @@ attn_mma(const Params p) {
         const int i = rows[r];
         if (i >= p.sq) continue;
         float L, inv;
-#if FAST
-        row_lse(mr[r] * LN2_F, lr[r], &L, &inv);  // the max back in natural units
+#if BASE2
+        // The max back in natural units; a sink that stayed the maximum
+        // gives its own value, not a round trip through base 2 (its
+        // magnitude is not in the bound's score term).
+        float mn = mr[r] * LN2_F;
+#if HAS_SINKS
+        if (p.num_splits == 1 && i < m.ql && mr[r] == p.sinks[h] * LOG2E_F) mn = p.sinks[h];
+#endif
+        row_lse(mn, lr[r], &L, &inv);
 #else
         row_lse(mr[r], lr[r], &L, &inv);
 #endif
