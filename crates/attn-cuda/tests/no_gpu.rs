@@ -5,6 +5,23 @@
 use attn_cuda::{compile, variant::check_variants, Cuda};
 use attn_spec::AttnError;
 
+/// Whether NVRTC can be loaded. Without it a test prints why and passes,
+/// unless `ATTN_REQUIRE_NVRTC=1` (set by `cargo xtask test`, which installs
+/// it): then it fails. Its absence must be the typed error, never a panic.
+fn nvrtc_present() -> bool {
+    match attn_cuda::libs::nvrtc() {
+        Ok(()) => true,
+        Err(e) => {
+            assert!(matches!(e, AttnError::DriverMissing { .. }), "{e}");
+            if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") {
+                panic!("ATTN_REQUIRE_NVRTC=1 but NVRTC is missing: {e}");
+            }
+            eprintln!("skipping: no NVRTC ({e})");
+            false
+        }
+    }
+}
+
 #[test]
 fn starting_without_a_gpu_is_an_error_value() {
     match Cuda::first() {
@@ -26,12 +43,7 @@ fn starting_without_a_gpu_is_an_error_value() {
 /// `ATTN_REQUIRE_NVRTC=1` (set by `.ci/run`, which installs it).
 #[test]
 fn kernels_compile_through_nvrtc_without_a_gpu() {
-    if let Err(e) = attn_cuda::libs::nvrtc() {
-        assert!(matches!(e, AttnError::DriverMissing { .. }), "{e}");
-        if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") {
-            panic!("ATTN_REQUIRE_NVRTC=1 but NVRTC is missing: {e}");
-        }
-        eprintln!("skipping: no NVRTC ({e})");
+    if !nvrtc_present() {
         return;
     }
     for arch in [(8, 0), (9, 0)] {
@@ -71,8 +83,7 @@ fn kernels_compile_through_nvrtc_without_a_gpu() {
 /// log, not a panic.
 #[test]
 fn a_broken_kernel_is_an_nvrtc_error_with_its_log() {
-    if attn_cuda::libs::nvrtc().is_err() {
-        eprintln!("skipping: no NVRTC");
+    if !nvrtc_present() {
         return;
     }
     let e = compile::compile_source(
@@ -95,11 +106,7 @@ fn a_broken_kernel_is_an_nvrtc_error_with_its_log() {
 /// ELF object whose header names the architecture it was built for.
 #[test]
 fn kernels_compile_to_machine_code_for_the_device_architecture() {
-    if attn_cuda::libs::nvrtc().is_err() {
-        if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") {
-            panic!("ATTN_REQUIRE_NVRTC=1 but NVRTC is missing");
-        }
-        eprintln!("skipping: no NVRTC");
+    if !nvrtc_present() {
         return;
     }
     let known = compile::known_archs().unwrap();
@@ -150,11 +157,7 @@ fn kernels_compile_to_machine_code_for_the_device_architecture() {
 /// takes `ex2.approx.ftz`, where the default kernel packs them by hand.
 #[test]
 fn the_fast_kernel_compiles_its_own_instructions() {
-    if attn_cuda::libs::nvrtc().is_err() {
-        if std::env::var("ATTN_REQUIRE_NVRTC").as_deref() == Ok("1") {
-            panic!("ATTN_REQUIRE_NVRTC=1 but NVRTC is missing");
-        }
-        eprintln!("skipping: no NVRTC");
+    if !nvrtc_present() {
         return;
     }
     for (elem, cvt) in [
