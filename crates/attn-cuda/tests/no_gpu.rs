@@ -153,8 +153,9 @@ fn kernels_compile_to_machine_code_for_the_device_architecture() {
 }
 
 /// The opt-in fast tensor-core kernel is the same source compiled with
-/// `FAST`: its PTX packs probabilities with `cvt.rn.{bf16,f16}x2.f32` and
-/// takes `ex2.approx.ftz`, where the default kernel packs them by hand.
+/// `FAST`: its PTX packs probabilities with `cvt.rn.{bf16,f16}x2.f32`,
+/// takes `ex2.approx.ftz` and loads K by `ldmatrix.x4`, where the default
+/// kernel packs by hand and loads K 32 bits at a time.
 #[test]
 fn the_fast_kernel_compiles_its_own_instructions() {
     if !nvrtc_present() {
@@ -182,6 +183,11 @@ fn the_fast_kernel_compiles_its_own_instructions() {
         assert!(
             !base.contains(cvt),
             "{elem}: the default kernel packs by hand"
+        );
+        let x4 = "ldmatrix.sync.aligned.m8n8.x4.shared.b16";
+        assert!(
+            fast.contains(x4) && !base.contains(x4),
+            "{elem}: K by ldmatrix.x4"
         );
     }
 }

@@ -30,7 +30,9 @@
 // FAST (`Kernel::MmaFast`, opt-in until it has passed the suite on a GPU):
 // probabilities packed by `cvt.rn`, each warp's Q fragments held in
 // registers across key tiles when the Q/K head dim pads to at most 128 (32
-// registers; more would spill), and, where no soft-cap, ALiBi or bias
+// registers; more would spill), K's fragments loaded two n-tiles at a time
+// by `ldmatrix.x4` (one instruction where four 32-bit loads were), no test
+// per pair on tiles a row sees whole (without a mask tensor), and, where no soft-cap, ALiBi or bias
 // changes the scores (BASE2), scores in base-2 units with the scale and
 // log2(e) one multiply and exponentials by `ex2.approx.ftz` (2 ulp, within
 // the conformance bound's 8; results under 2^-126 flush to 0, which the
@@ -84,6 +86,16 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void ldmatrix_x2_trans(const u16* row, u32* b0, u32* b1) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
                  : "=r"(*b0), "=r"(*b1)
+                 : "r"(smem_addr(row)));
+}
+
+// Four 8x8 16-bit matrices: lanes 8i..8i+7 address the rows of matrix i;
+// lane l receives, of each, row l/4, columns 2(l%4) and 2(l%4)+1 (register
+// i for matrix i): from K's rows (keys) the B fragments b0, b1 of two
+// n-tiles of m16n8k16.
+__device__ __forceinline__ void ldmatrix_x4(const u16* row, u32* b) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                  : "r"(smem_addr(row)));
 }
 
@@ -240,6 +252,11 @@ attn_mma(const Params p) {
 #if BASE2
     const float scale2 = p.scale * LOG2E_F;
 #endif
+#if FAST
+    // This lane's row and column in ldmatrix.x4's four 8x8 matrices of K.
+    const int ldm_key = (lane & 7) + ((lane >> 4) << 3);
+    const int ldm_col = ((lane >> 3) & 1) * 8;
+#endif
 #if Q_IN_REGS
     // The warp's A fragments of Q, read once (every thread reaches this
     // barrier: Q's staging above is then visible).
@@ -285,20 +302,34 @@ attn_mma(const Params p) {
 #endif
 #pragma unroll
         for (int kk = 0; kk < DQK_PAD / 16; ++kk) {
-            const int c = kk * 16 + 2 * tq;
 #if Q_IN_REGS
             const u32 a0 = qf[kk][0], a1 = qf[kk][1], a2 = qf[kk][2], a3 = qf[kk][3];
 #else
+            const int c = kk * 16 + 2 * tq;
             u32 a0 = ld32(qw + gq * QSTR + c);
             u32 a1 = ld32(qw + (gq + 8) * QSTR + c);
             u32 a2 = ld32(qw + gq * QSTR + c + 8);
             u32 a3 = ld32(qw + (gq + 8) * QSTR + c + 8);
 #endif
+#if FAST
+            // K's B fragments of two n-tiles by one ldmatrix.x4: lanes
+            // 0-7 address keys n*8.. at dims kk*16.., lanes 8-15 the same
+            // keys at kk*16+8.., lanes 16-31 the same for keys (n+1)*8...
+            const u16* kx = Ks + ldm_key * KSTR + kk * 16 + ldm_col;
+#pragma unroll
+            for (int n = 0; n < BLOCK_N / 8; n += 2) {
+                u32 b[4];
+                ldmatrix_x4(kx + n * 8 * KSTR, b);
+                mma16816(s[n], a0, a1, a2, a3, b[0], b[1]);
+                mma16816(s[n + 1], a0, a1, a2, a3, b[2], b[3]);
+            }
+#else
 #pragma unroll
             for (int n = 0; n < BLOCK_N / 8; ++n) {
                 const u16* kr = Ks + (n * 8 + gq) * KSTR + c;
                 mma16816(s[n], a0, a1, a2, a3, ld32(kr), ld32(kr + 8));
             }
+#endif
         }
 
         // Scores (scale, softcap, ALiBi, bias, masks), then the online
@@ -306,12 +337,21 @@ attn_mma(const Params p) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             float tmax = NEG_INF;
+#if BASE2 && !HAS_MASK
+            // A tile whose every key this row sees: no test per pair.
+            const bool full = t0 >= lo[r] && t0 + BLOCK_N <= hi[r] && t0 + BLOCK_N <= bhi;
+#endif
 #pragma unroll
             for (int n = 0; n < BLOCK_N / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int j = t0 + n * 8 + 2 * tq + e;
-#if BASE2
+#if BASE2 && !HAS_MASK
+                    float x = full ? s[n][2 * r + e] * scale2
+                          : j < bhi ? score2(p, b, h, rows[r], j, lo[r], hi[r], s[n][2 * r + e],
+                                             scale2)
+                                    : NEG_INF;
+#elif BASE2
                     float x = j < bhi ? score2(p, b, h, rows[r], j, lo[r], hi[r],
                                                s[n][2 * r + e], scale2)
                                       : NEG_INF;
