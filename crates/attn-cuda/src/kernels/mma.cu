@@ -17,9 +17,10 @@
 //
 // Shared memory (16-bit elements): Q [BM][DQK_PAD + 8], then two stages of
 // K [BLOCK_N][DQK_PAD + 8] and V [BLOCK_N][DV_PAD + 8], all row-major. Q K^T
-// reads its B operand (key n's dims contiguous) with 32-bit loads; P V reads
-// V's columns with `ldmatrix.trans`. The +8 padding keeps rows 16-byte
-// aligned and makes a warp's fragment loads hit 32 distinct banks.
+// reads its B operand (key n's dims contiguous) with 32-bit loads
+// (`ldmatrix.x4` under FAST); P V reads V's columns with `ldmatrix.trans`.
+// The +8 padding keeps rows 16-byte aligned and makes a warp's fragment
+// loads hit 32 distinct banks.
 //
 // Pipeline: while the warps compute on one stage, the next K/V tile streams
 // into the other with `cp.async` (16-byte copies, zero-filled past the last
