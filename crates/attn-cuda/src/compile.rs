@@ -123,17 +123,16 @@ fn nvrtc_error(what: &str, log: String) -> AttnError {
 /// tests read it.
 pub fn ptx(v: &Variant) -> Result<Ptx> {
     let arch = v.arch_name().trim_start_matches("sm_");
-    let arch = arch.parse().expect("arch_name is sm_ and digits");
-    let text = compile_source(&v.describe(), &v.source(), &options(Target::Ptx(arch)))?;
-    Ok(Ptx::from_src(
-        String::from_utf8_lossy(text.strip_suffix(&[0]).unwrap_or(&text)).into_owned(),
-    ))
+    build(
+        v,
+        Target::Ptx(arch.parse().expect("arch_name is sm_ and digits")),
+    )
 }
 
 /// Compiles `v` for `target`: the module the driver loads (a CUBIN's
 /// bytes, or PTX).
 pub fn build(v: &Variant, target: Target) -> Result<Ptx> {
-    let out = compile_source(&v.describe(), &v.source(), &options(target))?;
+    let out = compile_source(&v.describe(), &v.source(), target)?;
     Ok(match target {
         Target::Cubin(_) => Ptx::from_binary(out),
         Target::Ptx(_) => Ptx::from_src(
@@ -153,11 +152,11 @@ impl Drop for Program {
     }
 }
 
-/// Compiles a translation unit with `options`; `what` names it in errors.
-/// Returns the CUBIN when the options name an `sm_XY` target, else the
-/// PTX (NUL-terminated, as NVRTC gives it). A compiler error comes back as
-/// [`AttnError::Nvrtc`] with NVRTC's log.
-pub fn compile_source(what: &str, source: &str, options: &[String]) -> Result<Vec<u8>> {
+/// Compiles a translation unit for `target` with [`options`]; `what` names
+/// it in errors. Returns the CUBIN's bytes, or the PTX (NUL-terminated, as
+/// NVRTC gives it). A compiler error comes back as [`AttnError::Nvrtc`]
+/// with NVRTC's log.
+pub fn compile_source(what: &str, source: &str, target: Target) -> Result<Vec<u8>> {
     libs::nvrtc()?;
     let err = |log: String| nvrtc_error(what, log);
     let src = CString::new(source).map_err(|_| err("source holds a NUL byte".into()))?;
@@ -165,7 +164,7 @@ pub fn compile_source(what: &str, source: &str, options: &[String]) -> Result<Ve
     let prog =
         Program(result::create_program(&src, Some(name)).map_err(|e| err(format!("{e:?}")))?);
     // SAFETY: `prog` is a live program; the options are plain strings.
-    if let Err(e) = unsafe { result::compile_program(prog.0, options) } {
+    if let Err(e) = unsafe { result::compile_program(prog.0, &options(target)) } {
         // SAFETY: as above; the log is NVRTC's own NUL-terminated text.
         let log = unsafe { result::get_program_log(prog.0) }
             .map(|l| {
@@ -176,9 +175,7 @@ pub fn compile_source(what: &str, source: &str, options: &[String]) -> Result<Ve
             .unwrap_or_else(|_| format!("{e:?} (no log)"));
         return Err(err(log));
     }
-    let cubin = options
-        .iter()
-        .any(|o| o.starts_with("--gpu-architecture=sm_"));
+    let cubin = matches!(target, Target::Cubin(_));
     let mut size = 0usize;
     // SAFETY: `prog` compiled; the calls write one size.
     let sized = unsafe {

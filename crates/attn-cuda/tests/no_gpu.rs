@@ -89,7 +89,7 @@ fn a_broken_kernel_is_an_nvrtc_error_with_its_log() {
     let e = compile::compile_source(
         "broken",
         "extern \"C\" __global__ void f() { oops; }",
-        &compile::options(compile::Target::Ptx(80)),
+        compile::Target::Ptx(80),
     )
     .unwrap_err();
     match e {
@@ -121,12 +121,9 @@ fn kernels_compile_to_machine_code_for_the_device_architecture() {
         let all = check_variants(cc);
         let mut seen = std::collections::HashSet::new();
         for v in all.iter().filter(|v| seen.insert(v.kernel)) {
-            let image = compile::compile_source(
-                &v.describe(),
-                &v.source(),
-                &compile::options(compile::Target::Cubin(arch)),
-            )
-            .unwrap_or_else(|e| panic!("{}: {e}", v.describe()));
+            let image =
+                compile::compile_source(&v.describe(), &v.source(), compile::Target::Cubin(arch))
+                    .unwrap_or_else(|e| panic!("{}: {e}", v.describe()));
             assert_eq!(&image[..4], b"\x7fELF", "{}", v.describe());
             // ELF64: e_machine at byte 18 (190 = EM_CUDA), e_flags at 48,
             // whose low byte is the SM version (EF_CUDA_SM).
