@@ -85,7 +85,16 @@ pub struct Cuda {
     /// NVRTC's version and the driver's CUDA version (`1000 * major + 10 *
     /// minor`), for the message when the driver refuses a module.
     versions: ((u32, u32), i32),
-    functions: Cache<Variant, CudaFunction>,
+    functions: Cache<Variant, Loaded>,
+}
+
+/// A loaded kernel and how many of its blocks one multiprocessor holds at
+/// once (the occupancy API, for its threads and shared memory), found
+/// once when it is loaded.
+#[derive(Clone)]
+struct Loaded {
+    f: CudaFunction,
+    per_sm: usize,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -319,6 +328,11 @@ impl Cuda {
     /// Only `v`'s own slot is locked while NVRTC compiles (see
     /// [`crate::cache`]).
     fn function(&self, v: &Variant) -> Result<CudaFunction> {
+        self.loaded(v).map(|l| l.f)
+    }
+
+    /// [`Cuda::function`] with its blocks per multiprocessor.
+    fn loaded(&self, v: &Variant) -> Result<Loaded> {
         let poisoned = |_| AttnError::Backend {
             backend: self.name(),
             message: "kernel cache lock poisoned (a compile panicked)".into(),
@@ -326,8 +340,9 @@ impl Cuda {
         self.functions.get_or_build(v, || self.load(v), poisoned)
     }
 
-    /// Compiles and loads `v`, raising its shared-memory limit if needed.
-    fn load(&self, v: &Variant) -> Result<CudaFunction> {
+    /// Compiles and loads `v`, raising its shared-memory limit if needed,
+    /// and asks how many of its blocks a multiprocessor holds.
+    fn load(&self, v: &Variant) -> Result<Loaded> {
         let image = compile::build(v, self.target)?;
         let module = self
             .ctx
@@ -342,7 +357,13 @@ impl Cuda {
             )
             .map_err(drv)?;
         }
-        Ok(f)
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(v.kernel.threads(), smem, None)
+            .map_err(drv)?;
+        Ok(Loaded {
+            f,
+            per_sm: (per_sm as usize).max(1),
+        })
     }
 
     /// The tensor-core kernel for f16/bf16 when chosen and its shared
@@ -477,14 +498,8 @@ impl Cuda {
         let kernel = self.forward_kernel(problem);
         let v = Variant::for_problem(kernel, problem, self.arch);
         let blocks = s.q_len.div_ceil(kernel.rows_per_block()) * s.q_heads * s.batch;
-        let f = self.function(&v)?;
-        let threads = forward_geometry(&v, problem, 1).1;
-        let smem = v.smem_bytes();
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
-            .map_err(drv)?;
-        let slots = self.sms * (per_sm.max(1) as usize);
-        let (mut splits, mut per) = plan_splits(blocks, s.kv_len, slots, v.block_n());
+        let Loaded { f, per_sm } = self.loaded(&v)?;
+        let (mut splits, mut per) = plan_splits(blocks, s.kv_len, self.sms * per_sm, v.block_n());
         if s.batch * splits > 65535 {
             (splits, per) = (1, s.kv_len.max(1));
         }
@@ -543,7 +558,7 @@ impl Cuda {
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (block, 1, 1),
-            shared_mem_bytes: smem as u32,
+            shared_mem_bytes: v.smem_bytes() as u32,
         };
         // SAFETY: `params` holds the addresses of live device buffers whose
         // sizes the caller validated against the problem's views (this

@@ -148,8 +148,9 @@ pub const SPLIT_OVERHEAD_TILES: usize = 2;
 /// `waves(s) = ceil(blocks x s / slots)`: a count one past a full wave
 /// would leave most of the GPU idle through a second wave, and many short
 /// splits pay each block's fixed cost many times. Ties go to fewer splits
-/// (less for the combine pass to merge). Each split owns at least [`MIN_KEYS_PER_SPLIT`] keys,
-/// at most [`MAX_SPLITS`] splits. Pure: depends on sizes only.
+/// (less for the combine pass to merge). Each split owns at least
+/// [`MIN_KEYS_PER_SPLIT`] keys, at most [`MAX_SPLITS`] splits. Pure: depends
+/// on sizes only.
 pub fn plan_splits(blocks: usize, kv_len: usize, slots: usize, block_n: usize) -> (usize, usize) {
     let (slots, block_n) = (slots.max(1), block_n.max(1));
     let most = (kv_len / MIN_KEYS_PER_SPLIT).min(MAX_SPLITS);

@@ -29,18 +29,18 @@
 // element otherwise.
 
 // FAST (`Kernel::MmaFast`, opt-in until it has passed the suite on a GPU):
-// probabilities packed by `cvt.rn`, each warp's Q fragments held in
+// probabilities packed by `cvt.rn`; each warp's Q fragments held in
 // registers across key tiles when the Q/K head dim pads to at most 128 (32
-// registers; more would spill), K's fragments loaded two n-tiles at a time
-// by `ldmatrix.x4` (one instruction where four 32-bit loads were), no test
-// per pair on tiles a row sees whole (without a mask tensor), and, where no soft-cap, ALiBi or bias
-// changes the scores (BASE2), scores in base-2 units with the scale and
-// log2(e) one multiply and exponentials by `ex2.approx.ftz` (2 ulp, within
-// the conformance bound's 8; results under 2^-126 flush to 0, which the
-// softmax's f32 sums lose anyway). With those options the scores keep
-// their natural units and `expf`: the bound counts six roundings after the
-// dot product (scale, soft-cap, ALiBi, bias), which they already spend, and
-// the conversion to base 2 would be a seventh.
+// registers; more would spill); K's fragments loaded two n-tiles at a time
+// by `ldmatrix.x4` (one instruction where four 32-bit loads were); no test
+// per pair on tiles a row sees whole (without a mask tensor); and, where no
+// soft-cap, ALiBi or bias changes the scores (BASE2), scores in base-2
+// units with the scale and log2(e) one multiply and exponentials by
+// `ex2.approx.ftz` (2 ulp, within the conformance bound's 8; results under
+// 2^-126 flush to 0, which the softmax's f32 sums lose anyway). With those
+// options the scores keep their natural units and `expf`: the bound counts
+// six roundings after the dot product (scale, soft-cap, ALiBi, bias), which
+// they already spend, and the conversion to base 2 would be a seventh.
 
 #define MMA_WARPS 4
 #if FAST && DQK_PAD <= 128
