@@ -8,8 +8,8 @@ mod maps;
 use crate::cache::Cache;
 use crate::compile::{self, Target};
 use crate::libs;
-use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};
-use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
+use crate::plan::{forward_kernel, supported, ForwardPlan, HalfKernel};
+use crate::variant::{Kernel, Variant};
 use attn_spec::{
     check_buffers, check_call, check_linear, AttnError, Backend, BufferInfo, Buffers, DType,
     Element, HostData, Inputs, Problem, Result,
@@ -44,19 +44,6 @@ impl CudaBuffer {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-}
-
-/// Which forward kernel a [`Cuda`] backend runs on f16/bf16 inputs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HalfKernel {
-    /// Tensor cores (`mma.sync`): the fast path.
-    TensorCore,
-    /// Tensor cores with the opt-in `FAST` softmax and fragment handling
-    /// ([`Kernel::MmaFast`]), until it has passed the conformance suite on
-    /// a GPU.
-    TensorCoreFast,
-    /// Plain FMA, f32 throughout (f32 inputs always take it).
-    Simt,
 }
 
 /// Device addresses of one call's tensors (0 where absent).
@@ -369,20 +356,7 @@ impl Cuda {
     /// The tensor-core kernel for f16/bf16 when chosen and its shared
     /// memory fits this GPU (head dim 256 needs about 100 KB), else FMA.
     fn forward_kernel(&self, p: &Problem) -> Kernel {
-        let tc = match self.half_kernel {
-            HalfKernel::TensorCore => Kernel::Mma,
-            HalfKernel::TensorCoreFast => Kernel::MmaFast,
-            HalfKernel::Simt => Kernel::Simt,
-        };
-        match p.dtype {
-            DType::F16 | DType::Bf16
-                if tc != Kernel::Simt
-                    && Variant::for_problem(tc, p, self.arch).smem_bytes() <= self.smem_optin =>
-            {
-                tc
-            }
-            _ => Kernel::Simt,
-        }
+        forward_kernel(self.half_kernel, p, self.arch, self.smem_optin)
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
@@ -495,15 +469,10 @@ impl Cuda {
             return Ok(());
         }
         let o = &problem.options;
-        let kernel = self.forward_kernel(problem);
-        let v = Variant::for_problem(kernel, problem, self.arch);
-        let blocks = s.q_len.div_ceil(kernel.rows_per_block()) * s.q_heads * s.batch;
+        let v = Variant::for_problem(self.forward_kernel(problem), problem, self.arch);
         let Loaded { f, per_sm } = self.loaded(&v)?;
-        let (mut splits, mut per) = plan_splits(blocks, s.kv_len, self.sms * per_sm, v.block_n());
-        if s.batch * splits > 65535 {
-            (splits, per) = (1, s.kv_len.max(1));
-        }
-        let mut params = Params::new(problem, splits, per)?;
+        let plan = ForwardPlan::new(problem, v, self.sms * per_sm)?;
+        let mut params = plan.params;
 
         // Small per-call tensors: lengths, slopes, sinks.
         let q_lens = o.q_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
@@ -514,21 +483,19 @@ impl Cuda {
             .map(|a| self.upload_f32(a))
             .transpose()?;
         let sinks = o.sinks.as_ref().map(|a| self.upload_f32(a)).transpose()?;
-        let rows = s.batch * s.q_heads * s.q_len;
         // The split workspaces are not zeroed: the forward launch writes
         // every split's partial output and log-sum-exp for every row below
         // q_len (its blocks have no early exit but rows past q_len), and
         // the combine launch after it on this stream reads only those.
-        let mut part = if splits > 1 {
+        let mut part = match plan.partials(problem) {
             // SAFETY: written before read, as said above.
-            unsafe {
+            Some((o_len, lse_len)) => unsafe {
                 Some((
-                    self.alloc_unset(DType::F32, splits * rows * s.head_dim_v)?,
-                    self.alloc_unset(DType::F32, splits * rows)?,
+                    self.alloc_unset(DType::F32, o_len)?,
+                    self.alloc_unset(DType::F32, lse_len)?,
                 ))
-            }
-        } else {
-            None
+            },
+            None => None,
         };
 
         let st = &self.stream;
@@ -554,11 +521,11 @@ impl Cuda {
             params.part_lse = *pl;
         }
 
-        let (grid, block) = forward_geometry(&v, problem, splits);
+        let ((grid, block), smem) = (plan.geometry, v.smem_bytes());
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (block, 1, 1),
-            shared_mem_bytes: v.smem_bytes() as u32,
+            shared_mem_bytes: smem as u32,
         };
         // SAFETY: `params` holds the addresses of live device buffers whose
         // sizes the caller validated against the problem's views (this
@@ -566,13 +533,8 @@ impl Cuda {
         // those views (and the split workspaces, sized splits x rows above,
         // whose guards live to the end of this function).
         unsafe { st.launch_builder(&f).arg(&params).launch(cfg) }.map_err(drv)?;
-        if splits > 1 {
-            let cv = Variant {
-                kernel: Kernel::Combine,
-                ..v
-            };
+        if let Some((cv, (grid, block))) = plan.combine {
             let f = self.function(&cv)?;
-            let (grid, block) = combine_geometry(problem);
             let cfg = LaunchConfig {
                 grid_dim: grid,
                 block_dim: (block, 1, 1),
@@ -625,45 +587,13 @@ impl Backend for Cuda {
     }
 
     fn supports(&self, p: &Problem) -> Result<()> {
-        let unsupported = |feature: String, reason: &str| {
-            Err(AttnError::Unsupported {
-                backend: self.name(),
-                feature,
-                reason: reason.into(),
-            })
-        };
-        if !matches!(p.dtype, DType::F32 | DType::F16 | DType::Bf16) {
-            return unsupported(
-                format!("{} inputs", p.dtype),
-                "the GPU kernels take f32, f16 and bf16",
-            );
-        }
-        if let Some(b) = p.bias {
-            if !matches!(b.dtype, DType::F32 | DType::F16 | DType::Bf16) {
-                return unsupported(format!("a {} bias", b.dtype), "biases are f32, f16 or bf16");
-            }
-        }
-        let s = p.shape;
-        if s.head_dim_qk > MAX_HEAD_DIM || s.head_dim_v > MAX_HEAD_DIM {
-            return unsupported(
-                format!("head dims {}/{}", s.head_dim_qk, s.head_dim_v),
-                "kernels are built for head dims up to 256",
-            );
-        }
-        let v = Variant::for_problem(self.forward_kernel(p), p, self.arch);
-        if v.smem_bytes() > self.smem_optin {
-            return unsupported(
-                format!("{} bytes of shared memory", v.smem_bytes()),
-                "more than this GPU gives a block",
-            );
-        }
-        if s.q_heads > 65535 || s.batch > 65535 {
-            return unsupported(
-                format!("batch {} x q_heads {}", s.batch, s.q_heads),
-                "the grid's y (heads) and z (batch x splits) axes hold at most 65535 blocks",
-            );
-        }
-        Params::new(p, 1, 1).map(|_| ())
+        supported(
+            &self.name(),
+            p,
+            self.forward_kernel(p),
+            self.arch,
+            self.smem_optin,
+        )
     }
 
     fn forward_into(

@@ -32,10 +32,14 @@
 mod backend;
 pub mod cache;
 pub mod compile;
+pub mod emu;
 pub mod libs;
 pub mod params;
+pub mod plan;
 pub mod variant;
 
-pub use backend::{Cuda, CudaBuffer, HalfKernel};
+pub use backend::{Cuda, CudaBuffer};
+pub use emu::Emulator;
 pub use params::plan_splits;
+pub use plan::HalfKernel;
 pub use variant::{check_variants, Kernel, Variant};

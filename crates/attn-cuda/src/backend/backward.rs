@@ -10,50 +10,12 @@
 
 use super::{drv, Cuda};
 use crate::params::{BwdParams, Params};
+use crate::plan::{backward_launches, dbias_strides, supported_backward};
 use crate::variant::{Kernel, Variant};
 use attn_spec::{
-    check_backward_call, AttnError, Backend, Backward, DType, GradInputs, GradOutputs, Inputs,
-    Problem, Result,
+    check_backward_call, Backend, Backward, DType, GradInputs, GradOutputs, Inputs, Problem, Result,
 };
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-
-impl Cuda {
-    /// `Ok` when the backward kernels compute `p`'s gradients on this GPU
-    /// (`bias_grad`: the bias gradient is asked for).
-    fn supports_backward(&self, p: &Problem, bias_grad: bool) -> Result<()> {
-        let s = p.shape;
-        let unsupported = |feature: String, reason: &str| AttnError::Unsupported {
-            backend: self.name(),
-            feature,
-            reason: reason.into(),
-        };
-        if bias_grad {
-            let d = p.bias.map(|b| b.view.dims).unwrap_or_default();
-            if d[0] != s.batch || d[1] != s.q_heads {
-                return Err(unsupported(
-                    format!("the gradient of a bias of dims {d:?}"),
-                    "attn-cuda writes each bias-gradient element once; an axis the bias broadcasts over would need a reduction (attn-cpu computes it)",
-                ));
-            }
-        }
-        for k in [Kernel::BwdDq, Kernel::BwdDkdv] {
-            let v = Variant::for_problem(k, p, self.arch);
-            if v.smem_bytes() > self.smem_optin {
-                return Err(unsupported(
-                    format!("{} bytes of shared memory", v.smem_bytes()),
-                    "more than this GPU gives a block",
-                ));
-            }
-        }
-        if s.kv_heads > 65535 {
-            return Err(unsupported(
-                format!("kv_heads {}", s.kv_heads),
-                "the grid's y axis holds at most 65535 blocks",
-            ));
-        }
-        Ok(())
-    }
-}
 
 impl Backward for Cuda {
     fn backward_into(
@@ -64,7 +26,8 @@ impl Backward for Cuda {
         grads: GradOutputs<'_, Self::Buffer>,
     ) -> Result<()> {
         check_backward_call(self, problem, &inputs, &forward, &grads)?;
-        self.supports_backward(problem, grads.dbias.is_some())?;
+        let bias_grad = grads.dbias.is_some();
+        supported_backward(&self.name(), problem, bias_grad, self.arch, self.smem_optin)?;
         let p = problem;
         let s = p.shape;
         let o = &p.options;
@@ -115,7 +78,6 @@ impl Backward for Cuda {
         let (dra, _g10) = d_rows.data.device_ptr_mut(st);
         let dbias_g = dbias.map(|b| b.data.device_ptr_mut(st));
         let dsinks_g = grads.dsinks.map(|b| b.data.device_ptr_mut(st));
-        let plane = (s.q_len * s.kv_len) as i64;
         let bp = BwdParams {
             p: params,
             d_out: ga,
@@ -125,7 +87,7 @@ impl Backward for Cuda {
             d_rows: dra,
             dbias: addr(&dbias_g),
             dsinks: addr(&dsinks_g),
-            dbias_st: [s.q_heads as i64 * plane, plane, s.kv_len as i64, 1],
+            dbias_st: dbias_strides(p),
         };
         let launch = |kernel: Kernel, grid: (u32, u32, u32)| -> Result<()> {
             let v = Variant::for_problem(kernel, p, self.arch);
@@ -144,17 +106,8 @@ impl Backward for Cuda {
             unsafe { st.launch_builder(&f).arg(&bp).launch(cfg) }.map_err(drv)?;
             Ok(())
         };
-        let rows = Kernel::BwdDq.rows_per_block();
-        if s.q_len > 0 {
-            let x = s.q_len.div_ceil(rows) as u32;
-            launch(Kernel::BwdDq, (x, s.q_heads as u32, s.batch as u32))?;
-        }
-        if s.kv_len > 0 {
-            let x = s.kv_len.div_ceil(Kernel::BwdDkdv.rows_per_block()) as u32;
-            launch(Kernel::BwdDkdv, (x, s.kv_heads as u32, s.batch as u32))?;
-        }
-        if bp.dsinks != 0 {
-            launch(Kernel::BwdSinks, (s.q_heads as u32, 1, 1))?;
+        for (kernel, grid) in backward_launches(p, bp.dsinks != 0) {
+            launch(kernel, grid)?;
         }
         Ok(())
     }

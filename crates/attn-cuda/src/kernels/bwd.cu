@@ -56,7 +56,7 @@ __device__ __forceinline__ float pair_prob(float s, float lse) {
 extern "C" __global__ void __launch_bounds__(BWD_WARPS * 32)
 attn_bwd_dq(const BwdParams bp) {
     const Params& p = bp.p;
-    extern __shared__ __align__(16) float smem[];
+    DYNAMIC_SMEM(float, smem);
     float* Ks = smem;                          // [TILE][KSTR]
     float* Vs = Ks + BWD_TILE * KSTR;          // [TILE][VSTR]
     float* Qs = Vs + BWD_TILE * VSTR;          // [WARPS][DQK_PAD]
@@ -139,7 +139,7 @@ attn_bwd_dq(const BwdParams bp) {
 extern "C" __global__ void __launch_bounds__(BWD_WARPS * 32)
 attn_bwd_dkdv(const BwdParams bp) {
     const Params& p = bp.p;
-    extern __shared__ __align__(16) float smem[];
+    DYNAMIC_SMEM(float, smem);
     float* Qs = smem;                          // [TILE][KSTR]: query rows
     float* Gs = Qs + BWD_TILE * KSTR;          // [TILE][VSTR]: dO rows
     float* Kw = Gs + BWD_TILE * VSTR;          // [WARPS][DQK_PAD]: this block's keys

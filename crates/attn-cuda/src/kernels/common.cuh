@@ -17,6 +17,12 @@ typedef long long i64;
 
 #define NEG_INF (__int_as_float(0xff800000))
 
+// The block's dynamic shared memory as `T* name` (the CPU emulator,
+// ATTN_EMU in src/emu.rs, defines its own).
+#ifndef ATTN_EMU
+#define DYNAMIC_SMEM(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
 // The problem, passed by value (layout mirrored by `Params` in
 // src/params.rs: keep the two in the same order).
 struct Params {
@@ -56,15 +62,23 @@ __device__ __forceinline__ float bf16_to_f32(u16 x) {
 }
 
 __device__ __forceinline__ float f16_to_f32(u16 x) {
+#ifdef ATTN_EMU
+    return emu::f16_f32(x);
+#else
     float f;
     asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(x));
     return f;
+#endif
 }
 
 __device__ __forceinline__ u16 f32_to_f16(float f) {
+#ifdef ATTN_EMU
+    return emu::f16_rn(f);
+#else
     u16 x;
     asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(x) : "f"(f));
     return x;
+#endif
 }
 
 // Round to nearest even, NaN kept a NaN (the PTX cvt to bf16 needs sm_80;

@@ -67,17 +67,29 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 
 // 16 bytes global -> shared, asynchronously; `bytes` < 16 zero-fills the rest.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, u32 bytes) {
+#ifdef ATTN_EMU
+    emu::cp_async_cg16(smem_addr(dst), src, bytes);
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
                  "l"(src), "r"(bytes));
+#endif
 }
 
 __device__ __forceinline__ void cp_async_commit() {
+#ifdef ATTN_EMU
+    emu::cp_async_commit_group();
+#else
     asm volatile("cp.async.commit_group;\n" ::);
+#endif
 }
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
+#ifdef ATTN_EMU
+    emu::cp_async_wait_group(N);
+#else
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
 }
 
 // Two 8x8 16-bit matrices, transposed: lanes 0-7 address the rows of the
@@ -85,9 +97,16 @@ __device__ __forceinline__ void cp_async_wait() {
 // (rows 2(l%4) and 2(l%4)+1, column l/4): the B fragment of m16n8k16 when
 // the rows are 16 consecutive keys of V and the column block is 8 head dims.
 __device__ __forceinline__ void ldmatrix_x2_trans(const u16* row, u32* b0, u32* b1) {
+#ifdef ATTN_EMU
+    u32 r[2];
+    emu::ldmatrix(2, true, smem_addr(row), r);
+    *b0 = r[0];
+    *b1 = r[1];
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
                  : "=r"(*b0), "=r"(*b1)
                  : "r"(smem_addr(row)));
+#endif
 }
 
 // Four 8x8 16-bit matrices: lanes 8i..8i+7 address the rows of matrix i;
@@ -95,9 +114,13 @@ __device__ __forceinline__ void ldmatrix_x2_trans(const u16* row, u32* b0, u32* 
 // i for matrix i): from K's rows (keys) the B fragments b0, b1 of two
 // n-tiles of m16n8k16.
 __device__ __forceinline__ void ldmatrix_x4(const u16* row, u32* b) {
+#ifdef ATTN_EMU
+    emu::ldmatrix(4, false, smem_addr(row), b);
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                  : "r"(smem_addr(row)));
+#endif
 }
 
 // Rows [t0, t0 + BLOCK_N) of one head of K or V (`base`: the head's offset,
@@ -146,7 +169,11 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 #if FAST
     // cvt's first source goes to the upper half, its second to the lower.
     u32 r;
-#if ELEM == 1
+#if defined(ATTN_EMU) && ELEM == 1
+    r = emu::cvt_rn_f16x2(hi, lo);
+#elif defined(ATTN_EMU)
+    r = emu::cvt_rn_bf16x2(hi, lo);
+#elif ELEM == 1
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
 #else
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
@@ -160,9 +187,13 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 #if BASE2
 // 2^x; 2^-inf = +0, NaN stays NaN.
 __device__ __forceinline__ float ex2(float x) {
+#ifdef ATTN_EMU
+    return emu::ex2_approx_ftz(x);
+#else
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+#endif
 }
 
 // score() in base-2 units where nothing but the scale and the masks
@@ -181,7 +212,9 @@ __device__ __forceinline__ float score2(const Params& p, int b, int h, int i, in
 
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
                                          u32 b1) {
-#if ELEM == 1
+#ifdef ATTN_EMU
+    emu::mma16816<ELEM == 2>(c, a0, a1, a2, a3, b0, b1);
+#elif ELEM == 1
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -198,7 +231,7 @@ __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a
 
 extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
 attn_mma(const Params p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    DYNAMIC_SMEM(unsigned char, smem_raw);
     u16* Qs = (u16*)smem_raw;          // [BM][QSTR]
     u16* st0 = Qs + BM * QSTR;         // two stages of K [BLOCK_N][KSTR], V [BLOCK_N][VSTR]
 

@@ -22,7 +22,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 extern "C" __global__ void __launch_bounds__(SIMT_WARPS * 32)
 attn_simt(const Params p) {
-    extern __shared__ __align__(16) float smem[];
+    DYNAMIC_SMEM(float, smem);
     float* Ks = smem;                          // [TILE][KSTR]
     float* Vs = Ks + SIMT_TILE * KSTR;         // [TILE][VSTR]
     float* Qs = Vs + SIMT_TILE * VSTR;         // [WARPS][DQK_PAD]

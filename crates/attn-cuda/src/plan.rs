@@ -1,0 +1,226 @@
+//! What a forward call launches, decided from the problem and the GPU's
+//! figures alone: the kernel, whether the problem is supported, the split
+//! count, the parameter block and the launch geometry. Shared by the GPU
+//! backend ([`crate::Cuda`]) and the CPU emulator ([`crate::emu`]), so the
+//! emulator runs the host logic the GPU runs, not a copy of it.
+
+use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};
+use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
+use attn_spec::{AttnError, DType, Problem, Result};
+
+/// Which forward kernel a backend runs on f16/bf16 inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfKernel {
+    /// Tensor cores (`mma.sync`): the fast path.
+    TensorCore,
+    /// Tensor cores with the opt-in `FAST` softmax and fragment handling
+    /// ([`Kernel::MmaFast`]), until it has passed the conformance suite on
+    /// a GPU.
+    TensorCoreFast,
+    /// Plain FMA, f32 throughout (f32 inputs always take it).
+    Simt,
+}
+
+/// The forward kernel for `p`: the tensor-core kernel `half` names for
+/// f16/bf16 where its shared memory fits the GPU's `smem_optin` bytes per
+/// block, else the FMA kernel.
+pub fn forward_kernel(
+    half: HalfKernel,
+    p: &Problem,
+    arch: (u32, u32),
+    smem_optin: usize,
+) -> Kernel {
+    let tc = match half {
+        HalfKernel::TensorCore => Kernel::Mma,
+        HalfKernel::TensorCoreFast => Kernel::MmaFast,
+        HalfKernel::Simt => Kernel::Simt,
+    };
+    match p.dtype {
+        DType::F16 | DType::Bf16
+            if tc != Kernel::Simt
+                && Variant::for_problem(tc, p, arch).smem_bytes() <= smem_optin =>
+        {
+            tc
+        }
+        _ => Kernel::Simt,
+    }
+}
+
+/// `Ok` when the kernels compute `p` with `kernel` on a GPU of `arch`
+/// giving a block `smem_optin` bytes of shared memory, else
+/// `Unsupported` from `backend` saying what and why.
+pub fn supported(
+    backend: &str,
+    p: &Problem,
+    kernel: Kernel,
+    arch: (u32, u32),
+    smem_optin: usize,
+) -> Result<()> {
+    let unsupported = |feature: String, reason: &str| {
+        Err(AttnError::Unsupported {
+            backend: backend.into(),
+            feature,
+            reason: reason.into(),
+        })
+    };
+    if !matches!(p.dtype, DType::F32 | DType::F16 | DType::Bf16) {
+        return unsupported(
+            format!("{} inputs", p.dtype),
+            "the GPU kernels take f32, f16 and bf16",
+        );
+    }
+    if let Some(b) = p.bias {
+        if !matches!(b.dtype, DType::F32 | DType::F16 | DType::Bf16) {
+            return unsupported(format!("a {} bias", b.dtype), "biases are f32, f16 or bf16");
+        }
+    }
+    let s = p.shape;
+    if s.head_dim_qk > MAX_HEAD_DIM || s.head_dim_v > MAX_HEAD_DIM {
+        return unsupported(
+            format!("head dims {}/{}", s.head_dim_qk, s.head_dim_v),
+            "kernels are built for head dims up to 256",
+        );
+    }
+    let v = Variant::for_problem(kernel, p, arch);
+    if v.smem_bytes() > smem_optin {
+        return unsupported(
+            format!("{} bytes of shared memory", v.smem_bytes()),
+            "more than this GPU gives a block",
+        );
+    }
+    if s.q_heads > 65535 || s.batch > 65535 {
+        return unsupported(
+            format!("batch {} x q_heads {}", s.batch, s.q_heads),
+            "the grid's y (heads) and z (batch x splits) axes hold at most 65535 blocks",
+        );
+    }
+    Params::new(p, 1, 1).map(|_| ())
+}
+
+/// A grid and a block size.
+pub type Geometry = ((u32, u32, u32), u32);
+
+/// One forward call's launches: the kernel variant on its grid, then, for
+/// a split-KV plan, the combine pass.
+#[derive(Clone, Debug)]
+pub struct ForwardPlan {
+    /// The forward kernel's variant.
+    pub variant: Variant,
+    /// Key splits (1: no split, no combine pass).
+    pub splits: usize,
+    /// The parameter block, device addresses left 0.
+    pub params: Params,
+    /// The forward launch.
+    pub geometry: Geometry,
+    /// The combine pass's variant and launch, for `splits > 1`.
+    pub combine: Option<(Variant, Geometry)>,
+}
+
+impl ForwardPlan {
+    /// The launches of `problem` with variant `v` on a GPU that runs
+    /// `slots` of its blocks at once (multiprocessors x blocks per
+    /// multiprocessor): splits from [`plan_splits`], one split when the
+    /// grid's z axis (batch x splits) would pass 65535.
+    pub fn new(problem: &Problem, v: Variant, slots: usize) -> Result<Self> {
+        let s = problem.shape;
+        let blocks = s.q_len.div_ceil(v.kernel.rows_per_block()) * s.q_heads * s.batch;
+        let (mut splits, mut per) = plan_splits(blocks, s.kv_len, slots, v.block_n());
+        if s.batch * splits > 65535 {
+            (splits, per) = (1, s.kv_len.max(1));
+        }
+        let combine = (splits > 1).then(|| {
+            let cv = Variant {
+                kernel: Kernel::Combine,
+                ..v
+            };
+            (cv, combine_geometry(problem))
+        });
+        Ok(ForwardPlan {
+            variant: v,
+            splits,
+            params: Params::new(problem, splits, per)?,
+            geometry: forward_geometry(&v, problem, splits),
+            combine,
+        })
+    }
+
+    /// Elements of the split workspaces, partial outputs and partial
+    /// log-sum-exps (f32), for `splits > 1`.
+    pub fn partials(&self, problem: &Problem) -> Option<(usize, usize)> {
+        let s = problem.shape;
+        let rows = s.batch * s.q_heads * s.q_len;
+        (self.splits > 1).then(|| (self.splits * rows * s.head_dim_v, self.splits * rows))
+    }
+}
+
+/// `Ok` when the backward kernels compute `p`'s gradients on a GPU of
+/// `arch` giving a block `smem_optin` bytes (`bias_grad`: the bias
+/// gradient is asked for), else `Unsupported` from `backend`.
+pub fn supported_backward(
+    backend: &str,
+    p: &Problem,
+    bias_grad: bool,
+    arch: (u32, u32),
+    smem_optin: usize,
+) -> Result<()> {
+    let s = p.shape;
+    let unsupported = |feature: String, reason: &str| AttnError::Unsupported {
+        backend: backend.into(),
+        feature,
+        reason: reason.into(),
+    };
+    if bias_grad {
+        let d = p.bias.map(|b| b.view.dims).unwrap_or_default();
+        if d[0] != s.batch || d[1] != s.q_heads {
+            return Err(unsupported(
+                format!("the gradient of a bias of dims {d:?}"),
+                "attn-cuda writes each bias-gradient element once; an axis the bias broadcasts over would need a reduction (attn-cpu computes it)",
+            ));
+        }
+    }
+    for k in [Kernel::BwdDq, Kernel::BwdDkdv] {
+        let v = Variant::for_problem(k, p, arch);
+        if v.smem_bytes() > smem_optin {
+            return Err(unsupported(
+                format!("{} bytes of shared memory", v.smem_bytes()),
+                "more than this GPU gives a block",
+            ));
+        }
+    }
+    if s.kv_heads > 65535 {
+        return Err(unsupported(
+            format!("kv_heads {}", s.kv_heads),
+            "the grid's y axis holds at most 65535 blocks",
+        ));
+    }
+    Ok(())
+}
+
+/// The backward pass's launches, in order: dQ (with `D = dO . O` and the
+/// bias gradient) over query rows, dK and dV over keys, then the sinks'
+/// gradient when asked for (`sinks_grad`). Each block has the kernel's
+/// [`Kernel::threads`].
+pub fn backward_launches(p: &Problem, sinks_grad: bool) -> Vec<(Kernel, (u32, u32, u32))> {
+    let s = p.shape;
+    let mut l = Vec::new();
+    if s.q_len > 0 {
+        let x = s.q_len.div_ceil(Kernel::BwdDq.rows_per_block()) as u32;
+        l.push((Kernel::BwdDq, (x, s.q_heads as u32, s.batch as u32)));
+    }
+    if s.kv_len > 0 {
+        let x = s.kv_len.div_ceil(Kernel::BwdDkdv.rows_per_block()) as u32;
+        l.push((Kernel::BwdDkdv, (x, s.kv_heads as u32, s.batch as u32)));
+    }
+    if sinks_grad {
+        l.push((Kernel::BwdSinks, (s.q_heads as u32, 1, 1)));
+    }
+    l
+}
+
+/// Strides of the bias gradient, contiguous `[batch, q_heads, q_len,
+/// kv_len]` (the only bias gradient the kernels write).
+pub fn dbias_strides(p: &Problem) -> [i64; 4] {
+    let s = p.shape;
+    let plane = (s.q_len * s.kv_len) as i64;
+    [s.q_heads as i64 * plane, plane, s.kv_len as i64, 1]
+}
