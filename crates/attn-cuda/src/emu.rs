@@ -25,13 +25,13 @@
 use crate::cache::Cache;
 use crate::params::{BwdParams, Params};
 use crate::plan::{
-    backward_launches, dbias_strides, forward_kernel, supported, supported_backward, ForwardPlan,
-    HalfKernel,
+    backward_launches, dbias_strides, forward_kernel, maps_launch, supported, supported_backward,
+    ForwardPlan, HalfKernel,
 };
 use crate::variant::{Kernel, Variant};
 use attn_spec::{
-    check_backward_call, check_call, AttnError, AttnOptions, Backend, Backward, GradInputs,
-    GradOutputs, HostData, Inputs, Problem, Result,
+    check_backward_call, check_call, check_maps_call, AttentionMaps, AttnError, AttnOptions,
+    Backend, Backward, GradInputs, GradOutputs, HostData, Inputs, MapLayout, Problem, Result,
 };
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -51,7 +51,13 @@ const PAD: usize = 256;
 /// attn-cuda's kernels run on the CPU (module docs).
 pub struct Emulator {
     half_kernel: HalfKernel,
-    libs: Cache<Variant, Arc<libloading::Library>>,
+}
+
+/// The compiled variants, loaded once per process for every emulator.
+fn libraries() -> &'static Cache<Variant, Arc<libloading::Library>> {
+    static LIBS: std::sync::OnceLock<Cache<Variant, Arc<libloading::Library>>> =
+        std::sync::OnceLock::new();
+    LIBS.get_or_init(Cache::default)
 }
 
 impl std::fmt::Debug for Emulator {
@@ -75,26 +81,30 @@ struct Launch {
     stacks: *mut u8,
     stack_size: u64,
     stack_count: u64,
+    smem_arena: *mut u8,
 }
 
-/// The fibers' stacks, shared by every compiled variant: [`MAX_THREADS`]
+/// What every compiled variant shares: the fibers' stacks, [`MAX_THREADS`]
 /// of [`STACK`] bytes, each with a guard page at its low end (an overflow
-/// faults instead of overwriting another fiber's frames). Mapped once,
-/// never unmapped; pages are committed only where touched.
-struct Stacks(*mut u8);
+/// faults instead of overwriting another fiber's frames), mapped once and
+/// never unmapped (pages are committed only where touched); and the
+/// shared-memory arena of [`SMEM_CAP`] bytes.
+struct Shared(*mut u8, Vec<u128>);
 
 // SAFETY: the mapping is only used under `LOCK`, one launch at a time.
-unsafe impl Send for Stacks {}
+unsafe impl Send for Shared {}
 
+/// The shared-memory arena's bytes (`SMEM_CAP` in emu.h).
+const SMEM_CAP: usize = SMEM_OPTIN;
 /// Bytes of one fiber stack, its guard page included.
 const STACK: usize = 256 * 1024;
 /// Most threads of a block (CUDA's limit).
 const MAX_THREADS: usize = 1024;
 const GUARD: usize = 4096;
 
-impl Stacks {
+impl Shared {
     #[cfg(unix)]
-    fn map() -> std::result::Result<Stacks, String> {
+    fn map() -> std::result::Result<Shared, String> {
         let len = STACK * MAX_THREADS;
         // SAFETY: a fresh private anonymous mapping, then guard pages
         // inside it; no existing memory is touched.
@@ -116,12 +126,12 @@ impl Stacks {
                     return Err("mprotect failed on a fiber stack's guard page".into());
                 }
             }
-            Ok(Stacks(base))
+            Ok(Shared(base, vec![0u128; SMEM_CAP / 16]))
         }
     }
 
     #[cfg(not(unix))]
-    fn map() -> std::result::Result<Stacks, String> {
+    fn map() -> std::result::Result<Shared, String> {
         Err("the kernel emulator runs on x86-64 Linux".into())
     }
 }
@@ -131,7 +141,7 @@ type Run = unsafe extern "C" fn(*const Launch) -> i32;
 
 /// One launch at a time (each compiled variant keeps its GPU state in
 /// globals), and the fiber stacks they share.
-static LOCK: Mutex<Option<Stacks>> = Mutex::new(None);
+static LOCK: Mutex<Option<Shared>> = Mutex::new(None);
 
 impl Default for Emulator {
     fn default() -> Self {
@@ -145,7 +155,6 @@ impl Emulator {
     pub fn new() -> Self {
         Emulator {
             half_kernel: HalfKernel::TensorCore,
-            libs: Cache::default(),
         }
     }
 
@@ -164,7 +173,7 @@ impl Emulator {
 
     /// The compiled variant, built on first use.
     fn library(&self, v: &Variant) -> Result<Arc<libloading::Library>> {
-        self.libs.get_or_build(
+        libraries().get_or_build(
             v,
             || {
                 let path = build(v).map_err(|e| self.err(e))?;
@@ -190,9 +199,12 @@ impl Emulator {
         let ((gx, gy, gz), block) = geometry;
         let mut one = LOCK.lock().unwrap_or_else(|e| e.into_inner());
         if one.is_none() {
-            *one = Some(Stacks::map().map_err(|e| self.err(e))?);
+            *one = Some(Shared::map().map_err(|e| self.err(e))?);
         }
-        let stacks = one.as_ref().map_or(std::ptr::null_mut(), |s| s.0);
+        let (stacks, smem_arena) = match one.as_mut() {
+            Some(s) => (s.0, s.1.as_mut_ptr().cast::<u8>()),
+            None => (std::ptr::null_mut(), std::ptr::null_mut()),
+        };
         let l = Launch {
             grid: [gx, gy, gz],
             block,
@@ -203,6 +215,7 @@ impl Emulator {
             stacks,
             stack_size: STACK as u64,
             stack_count: MAX_THREADS as u64,
+            smem_arena,
         };
         // SAFETY: `params` is the kernel's parameter block (`P` is the
         // `repr(C)` mirror of its C struct) holding addresses of live host
@@ -261,6 +274,11 @@ fn build(v: &Variant) -> std::result::Result<PathBuf, String> {
         "-fvisibility=hidden",
         // The kernels read 16-bit arrays 32 bits at a time, as CUDA allows.
         "-fno-strict-aliasing",
+        // An index past a fixed-size array (the registers' `o[][]`, a
+        // static `__shared__` array) or a signed overflow stops the
+        // process with the source line.
+        "-fsanitize=bounds,signed-integer-overflow",
+        "-fno-sanitize-recover=all",
         "-Wno-unknown-pragmas",
     ];
     let dir = std::env::temp_dir().join("attn-emu");
@@ -270,9 +288,18 @@ fn build(v: &Variant) -> std::result::Result<PathBuf, String> {
     if path.exists() {
         return Ok(path);
     }
-    let src = dir.join(format!("{key:016x}.{}.cc", std::process::id()));
-    let tmp = dir.join(format!("{key:016x}.{}.so", std::process::id()));
-    std::fs::write(&src, &source).map_err(|e| format!("{}: {e}", src.display()))?;
+    // The source stays beside the library: a sanitizer's report names
+    // its lines.
+    let src = dir.join(format!("{key:016x}.cc"));
+    static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let pid = std::process::id();
+    let (src_tmp, tmp) = (
+        dir.join(format!("{key:016x}.{pid}.{n}.cc.tmp")),
+        dir.join(format!("{key:016x}.{pid}.{n}.so")),
+    );
+    std::fs::write(&src_tmp, &source).map_err(|e| format!("{}: {e}", src_tmp.display()))?;
+    std::fs::rename(&src_tmp, &src).map_err(|e| format!("{}: {e}", src.display()))?;
     let out = std::process::Command::new(&cxx)
         .args(flags)
         .arg(&src)
@@ -280,7 +307,6 @@ fn build(v: &Variant) -> std::result::Result<PathBuf, String> {
         .arg(&tmp)
         .output()
         .map_err(|e| format!("running the C++ compiler `{cxx}` (set CXX): {e}"))?;
-    let _ = std::fs::remove_file(&src);
     if !out.status.success() {
         return Err(format!(
             "{cxx} failed on {}:\n{}",
@@ -547,6 +573,55 @@ impl Backward for Emulator {
         if let (Some(b), Some(d)) = (grads.dsinks, dsinks.as_ref()) {
             store(b, d.bytes());
         }
+        Ok(())
+    }
+}
+
+impl AttentionMaps for Emulator {
+    fn maps_into(
+        &self,
+        problem: &Problem,
+        inputs: Inputs<'_, HostData>,
+        lse: &HostData,
+        layout: &MapLayout,
+        maps: &mut HostData,
+    ) -> Result<()> {
+        check_maps_call(self, problem, &inputs, lse, layout, maps)?;
+        if layout.is_empty() {
+            return Ok(());
+        }
+        let p = problem;
+        let (mut mp, geometry) = maps_launch(&self.name(), p, layout)?;
+        let mut small = Small::new(&p.options);
+        let opt = |name, data: Option<&HostData>| data.map(|b| Dev::new(name, &bytes_of(b)));
+        let mut q = Dev::new("q", &bytes_of(inputs.q));
+        let mut k = Dev::new("k", &bytes_of(inputs.k));
+        let mut lse = Dev::new("lse", &bytes_of(lse));
+        let mut bias = opt("bias", inputs.bias);
+        let mut mask = opt("mask", inputs.mask);
+        let mut batches = Dev::new("batches", &i32_bytes(&layout.batches));
+        let mut heads = Dev::new("heads", &i32_bytes(&layout.heads));
+        let mut out = Dev::new("maps", &bytes_of(maps));
+        let addr = |d: &mut Option<Dev>| d.as_mut().map_or(0, Dev::addr);
+        mp.p.q = q.addr();
+        mp.p.k = k.addr();
+        mp.p.lse = lse.addr();
+        mp.p.bias = addr(&mut bias);
+        mp.p.mask = addr(&mut mask);
+        small.set(&mut mp.p);
+        // (The GPU backend passes no sinks: the log-sum-exp holds them.)
+        mp.p.sinks = 0;
+        mp.maps = out.addr();
+        mp.batches = batches.addr();
+        mp.heads = heads.addr();
+        let v = Variant::for_problem(Kernel::Maps, p, ARCH);
+        self.launch(&v, geometry, &mp)?;
+        let all = [&q, &k, &lse, &batches, &heads, &out]
+            .into_iter()
+            .chain([&bias, &mask].into_iter().flatten())
+            .chain(small.all());
+        self.no_overrun(&v, all)?;
+        store(maps, out.bytes());
         Ok(())
     }
 }

@@ -4,9 +4,9 @@
 //! backend ([`crate::Cuda`]) and the CPU emulator ([`crate::emu`]), so the
 //! emulator runs the host logic the GPU runs, not a copy of it.
 
-use crate::params::{combine_geometry, forward_geometry, plan_splits, Params};
+use crate::params::{combine_geometry, forward_geometry, plan_splits, MapsParams, Params};
 use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
-use attn_spec::{AttnError, DType, Problem, Result};
+use attn_spec::{AttnError, DType, MapLayout, Problem, Result};
 
 /// Which forward kernel a backend runs on f16/bf16 inputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,4 +223,39 @@ pub fn dbias_strides(p: &Problem) -> [i64; 4] {
     let s = p.shape;
     let plane = (s.q_len * s.kv_len) as i64;
     [s.q_heads as i64 * plane, plane, s.kv_len as i64, 1]
+}
+
+/// The maps kernel's parameter block (device addresses left 0) and grid
+/// for the non-empty selection `layout` of `p`, or `Unsupported` from
+/// `backend` when the grid cannot hold it.
+pub fn maps_launch(
+    backend: &str,
+    p: &Problem,
+    layout: &MapLayout,
+) -> Result<(MapsParams, Geometry)> {
+    let [nb, planes, nr, _] = layout.dims();
+    if planes > 65535 || nb > 65535 || nr.div_ceil(8) > i32::MAX as usize {
+        return Err(AttnError::Unsupported {
+            backend: backend.into(),
+            feature: format!("maps of dims {:?}", layout.dims()),
+            reason: "the grid holds at most 65535 heads and batch entries".into(),
+        });
+    }
+    let i32_of = |x: usize| {
+        i32::try_from(x).map_err(|_| AttnError::Overflow {
+            what: "maps selection",
+        })
+    };
+    let mp = MapsParams {
+        p: Params::new(p, 1, p.shape.kv_len.max(1))?,
+        n_batches: i32_of(nb)?,
+        n_heads: i32_of(layout.heads.len())?,
+        row0: i32_of(layout.rows.start)?,
+        n_rows: i32_of(nr)?,
+        averaged: i32::from(layout.averaged),
+        ..MapsParams::default()
+    };
+    let rows = Kernel::Maps.rows_per_block();
+    let grid = (nr.div_ceil(rows) as u32, planes as u32, nb as u32);
+    Ok((mp, (grid, Kernel::Maps.threads())))
 }

@@ -212,8 +212,6 @@ fn split_kv_decoding_passes() {
 #[test]
 fn cuda_maps_pass_the_suite() {
     if let Some((tc, _)) = gpu() {
-        let n = gpu_cases() / 4 + 1;
-        let r = attn_conformance::run_maps_suite(tc, n).unwrap();
-        assert_eq!((r.passed, r.skipped), (n, 0));
+        common::maps_suite(tc, gpu_cases() / 4 + 1).unwrap();
     }
 }

@@ -2,7 +2,7 @@
 //! ([`attn_cuda::Emulator`]): the same cases the GPU bundle runs first,
 //! the hand-computed and split-KV cases, bad input and generated cases,
 //! for the tensor-core kernel, its opt-in fast build and the FMA kernel,
-//! and the backward kernels' suite.
+//! the backward kernels' suite and the attention maps' suite.
 //! Generated cases: `$ATTN_EMU_CASES` (default 24; each new kernel
 //! variant costs a C++ compile of a second or two).
 
@@ -66,6 +66,13 @@ fn smoke() {
         Ok(Outcome::Passed),
         "backward"
     );
+}
+
+/// The maps hand cases and bad input, then generated cases, as the GPU
+/// suite runs them.
+#[test]
+fn attention_maps_pass_the_suite() {
+    common::maps_suite(&Emulator::new(), emu_cases() / 2 + 1).unwrap();
 }
 
 #[test]

@@ -4,11 +4,9 @@
 //! conformance run (`cargo xtask gpu-check`) runs the maps suite.
 
 use super::{drv, Cuda};
-use crate::params::{MapsParams, Params};
+use crate::plan::maps_launch;
 use crate::variant::{Kernel, Variant};
-use attn_spec::{
-    check_maps_call, AttentionMaps, AttnError, Backend, Inputs, MapLayout, Problem, Result,
-};
+use attn_spec::{check_maps_call, AttentionMaps, Backend, Inputs, MapLayout, Problem, Result};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 impl AttentionMaps for Cuda {
@@ -26,21 +24,9 @@ impl AttentionMaps for Cuda {
         }
         let p = problem;
         let o = &p.options;
-        let [nb, planes, nr, _] = layout.dims();
-        if planes > 65535 || nb > 65535 || nr.div_ceil(8) > i32::MAX as usize {
-            return Err(AttnError::Unsupported {
-                backend: self.name(),
-                feature: format!("maps of dims {:?}", layout.dims()),
-                reason: "the grid holds at most 65535 heads and batch entries".into(),
-            });
-        }
-        let i32_of = |x: usize| {
-            i32::try_from(x).map_err(|_| AttnError::Overflow {
-                what: "maps selection",
-            })
-        };
+        let (mut mp, (grid, block)) = maps_launch(&self.name(), p, layout)?;
         let st = &self.stream;
-        let mut params = Params::new(p, 1, p.shape.kv_len.max(1))?;
+        let params = &mut mp.p;
         let q_lens = o.q_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
         let kv_lens = o.kv_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
         let alibi = o
@@ -70,24 +56,14 @@ impl AttentionMaps for Cuda {
         params.kv_lens = addr(&kl_g);
         params.alibi = addr(&al_g);
         let (ma, _g6) = maps.data.device_ptr_mut(st);
-        let mp = MapsParams {
-            p: params,
-            maps: ma,
-            batches: ba,
-            heads: ha,
-            n_batches: i32_of(nb)?,
-            n_heads: i32_of(layout.heads.len())?,
-            row0: i32_of(layout.rows.start)?,
-            n_rows: i32_of(nr)?,
-            averaged: i32::from(layout.averaged),
-            pad: 0,
-        };
+        mp.maps = ma;
+        mp.batches = ba;
+        mp.heads = ha;
         let v = Variant::for_problem(Kernel::Maps, p, self.arch);
         let f = self.function(&v)?;
-        let rows = Kernel::Maps.rows_per_block();
         let cfg = LaunchConfig {
-            grid_dim: (nr.div_ceil(rows) as u32, planes as u32, nb as u32),
-            block_dim: (Kernel::Maps.threads(), 1, 1),
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: `mp` holds the addresses of live device buffers of this

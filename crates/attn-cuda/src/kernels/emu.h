@@ -92,9 +92,10 @@ struct Warp {
     Slot s[32];
 };
 
-// One launch, as `Launch` in src/emu.rs fills it: the fibers' stacks are
-// the host's (one pool for every compiled variant), `stack_size` bytes
-// each, a guard page at the low end of each.
+// One launch, as `Launch` in src/emu.rs fills it. The shared-memory
+// arena (SMEM_CAP bytes, 16-byte aligned) and the fibers' stacks are the
+// host's, one for every compiled variant: `stack_count` stacks of
+// `stack_size` bytes, a guard page at the low end of each.
 struct Launch {
     unsigned grid[3];
     unsigned block;
@@ -105,6 +106,7 @@ struct Launch {
     unsigned char* stacks;
     uint64_t stack_size;
     uint64_t stack_count;
+    unsigned char* smem_arena;
 };
 constexpr size_t SMEM_CAP = 232448;  // 227 KiB, Hopper's most per block
 
@@ -120,8 +122,8 @@ struct State {
     bool progress = false;
     bool failed = false;
     char msg[512] = {0};
-    alignas(16) unsigned char smem[SMEM_CAP];
-    uint64_t smem_bytes = 0;
+    unsigned char* smem = nullptr;  // the arena, SMEM_CAP bytes
+    uint64_t smem_bytes = 0;         // the launch's dynamic size
     void (*body)(const void*) = nullptr;
     const void* params = nullptr;
 };
@@ -352,6 +354,11 @@ static int run(const Launch& l, void (*body)(const void*)) {
         snprintf(l.err, l.err_len, "%u threads per block", l.block);
         return 1;
     }
+    if (l.smem_arena == nullptr || (uintptr_t)l.smem_arena % 16 != 0) {
+        snprintf(l.err, l.err_len, "no 16-byte aligned shared-memory arena");
+        return 1;
+    }
+    g.smem = l.smem_arena;
     g.smem_bytes = l.smem;
     g.gdim = Dim3{l.grid[0], l.grid[1], l.grid[2]};
     g.bdim = Dim3{l.block, 1, 1};
