@@ -6,26 +6,32 @@
 // Each GPU thread runs as a fiber on the calling OS thread, one block at a
 // time; a fiber runs until it reaches a barrier (`__syncthreads`) or a warp
 // collective (shuffles, `ldmatrix`, `mma.sync`, `__syncwarp`), where it
-// yields. Warps run as far apart as the barriers let them (`run_block`). A collective completes when all 32 lanes of the warp have
-// reached it: the last lane to arrive computes every lane's result from
-// what each deposited, exactly as the PTX ISA defines the instruction's
-// fragments (written here from the ISA's tables, not from the kernels'
-// comments). What it checks, each an error naming the block and thread:
+// yields. Warps run as far apart as the barriers let them, and lanes in
+// alternating order (`run_block`). A collective completes when all 32
+// lanes of the warp have reached it: the last lane to arrive computes
+// every lane's result from what each deposited, exactly as the PTX ISA
+// defines the instruction's fragments (written here from the ISA's
+// tables, not from the kernels' comments). What it checks, each an error
+// naming the block and thread:
 // - lanes of one warp at different collectives, a collective with lanes
 //   that have exited, a warp mask other than all lanes, a barrier or
 //   collective that can never complete (deadlock);
 // - shared memory: `ldmatrix` rows and `cp.async` targets inside the
 //   launch's dynamic size and 16-byte aligned, `cp.async` sources 16-byte
-//   aligned; the whole shared arena is filled with 0xff bytes (a NaN in
-//   every float and 16-bit float) before each block, so a read of a value
-//   never written comes out NaN;
+//   aligned, 32-bit loads 4-byte aligned (`check_aligned`: a GPU faults,
+//   x86 does not); the whole shared arena is filled with 0xff bytes (a
+//   NaN in every float and 16-bit float) before each block, so a read of
+//   a value never written comes out NaN;
 // - `cp.async`: the target bytes turn to poison when the copy is issued,
 //   and the data lands only when `cp.async.wait_group` (or the thread's
 //   exit) retires its group, the latest moment the ISA allows: a read
 //   before the wait, and a refill of a stage other warps still read (a
-//   missing barrier), both bring NaN.
+//   missing barrier), both bring NaN;
+// - a grid or block past CUDA's limits.
 // Global memory bounds are the host's: `emu.rs` pads every buffer with
-// poison and checks the padding after each launch.
+// poison and checks the padding after each launch; an index past a
+// fixed-size array (UBSan's bounds check, `emu.rs`'s flags) stops the
+// process naming the line.
 //
 // Arithmetic: `mma.sync` multiplies the 16-bit inputs exactly and adds the
 // products in f32 in k order (one rounding per step); `ex2.approx.ftz` is
@@ -311,7 +317,14 @@ static void run_block() {
             const unsigned w = up ? k : warps - 1 - k;
             for (;;) {
                 g.progress = false;
-                for (unsigned i = 32 * w; i < n && i < 32 * (w + 1); ++i) {
+                // Lanes too run in ascending order between one pair of the
+                // warp's collectives and descending between the next, so a
+                // lane reading what another lane wrote without a
+                // `__syncwarp` sees the old value one way or the other.
+                const unsigned lo = 32 * w, hi = (n < 32 * (w + 1) ? n : 32 * (w + 1));
+                const bool lanes_up = g.warps[w].gen % 2 == 0;
+                for (unsigned j = lo; j < hi; ++j) {
+                    const unsigned i = lanes_up ? j : hi - 1 - (j - lo);
                     Thread& t = g.threads[i];
                     if (t.done) continue;
                     alive = true;
@@ -348,6 +361,12 @@ static int run(const Launch& l, void (*body)(const void*)) {
     if (l.smem > SMEM_CAP) {
         snprintf(l.err, l.err_len, "%llu bytes of dynamic shared memory, past %zu",
                  (unsigned long long)l.smem, SMEM_CAP);
+        return 1;
+    }
+    if (l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0 || l.grid[0] > 0x7fffffffu ||
+        l.grid[1] > 65535 || l.grid[2] > 65535) {
+        snprintf(l.err, l.err_len, "grid (%u,%u,%u) past CUDA's limits", l.grid[0], l.grid[1],
+                 l.grid[2]);
         return 1;
     }
     if (l.block == 0 || l.block > 1024) {
@@ -387,6 +406,11 @@ static int run(const Launch& l, void (*body)(const void*)) {
 }
 
 // ---- PTX and CUDA intrinsics ----------------------------------------------
+
+// A GPU faults on a load or store not aligned to its width; x86 does not.
+static inline void check_aligned(const void* p, uintptr_t bytes, const char* what) {
+    if ((uintptr_t)p % bytes != 0) fail("%s at %p, not %u-byte aligned", what, p, (unsigned)bytes);
+}
 
 static inline float bits_f32(uint32_t u) {
     float f;

@@ -58,6 +58,9 @@
 #define STAGE (BLOCK_N * KSTR + BLOCK_N * VSTR)
 
 __device__ __forceinline__ u32 ld32(const u16* p) {
+#ifdef ATTN_EMU
+    emu::check_aligned(p, 4, "a 32-bit shared-memory load");
+#endif
     return *(const u32*)p;
 }
 
