@@ -8,7 +8,7 @@ mod maps;
 use crate::cache::Cache;
 use crate::compile::{self, Target};
 use crate::libs;
-use crate::plan::{forward_kernel, supported, ForwardPlan, HalfKernel};
+use crate::plan::{forward_kernel, linear_launch, supported, ForwardPlan, HalfKernel};
 use crate::variant::{Kernel, Variant};
 use attn_spec::{
     check_buffers, check_call, check_linear, AttnError, Backend, BufferInfo, Buffers, DType,
@@ -645,23 +645,9 @@ impl attn_spec::Linear for Cuda {
     ) -> Result<CudaBuffer> {
         check_linear(self, x, rows, w, bias, in_features, out_features)?;
         let dtype = x.dtype;
-        if !matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) {
-            return Err(AttnError::Unsupported {
-                backend: self.name(),
-                feature: format!("{dtype} projections"),
-                reason: "the GPU kernels take f32, f16 and bf16".into(),
-            });
-        }
+        let (mut params, (grid, block)) =
+            linear_launch(&self.name(), dtype, rows, in_features, out_features)?;
         let mut y = self.alloc(dtype, rows * out_features)?;
-        if out_features.div_ceil(16) > 65535 {
-            return Err(AttnError::Unsupported {
-                backend: self.name(),
-                feature: format!("{out_features} output features"),
-                reason:
-                    "the projection kernel puts 16 features per block on grid y (at most 65535)"
-                        .into(),
-            });
-        }
         let v = Variant::linear(dtype, self.arch);
         let f = self.function(&v)?;
         let st = &self.stream;
@@ -669,24 +655,13 @@ impl attn_spec::Linear for Cuda {
         let (wp, _g2) = w.data.device_ptr(st);
         let bg = bias.map(|b| b.data.device_ptr(st));
         let (yp, _g4) = y.data.device_ptr_mut(st);
-        let i = |what, n: usize| i32::try_from(n).map_err(|_| AttnError::Overflow { what });
-        let params = LinParams {
-            x: xp,
-            w: wp,
-            b: bg.as_ref().map_or(0, |g| g.0),
-            y: yp,
-            rows: i("rows", rows)?,
-            in_f: i("in_features", in_features)?,
-            out_f: i("out_features", out_features)?,
-            pad: 0,
-        };
+        params.x = xp;
+        params.w = wp;
+        params.b = bg.as_ref().map_or(0, |g| g.0);
+        params.y = yp;
         let cfg = LaunchConfig {
-            grid_dim: (
-                rows.div_ceil(16).max(1) as u32,
-                out_features.div_ceil(16).max(1) as u32,
-                1,
-            ),
-            block_dim: (16, 16, 1),
+            grid_dim: grid,
+            block_dim: block,
             shared_mem_bytes: 0,
         };
         // SAFETY: x, w, b and y are live device buffers whose sizes
@@ -697,24 +672,6 @@ impl attn_spec::Linear for Cuda {
         Ok(y)
     }
 }
-
-/// The parameter block of `attn_linear` (`struct LinParams` in
-/// kernels/linear.cu).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct LinParams {
-    x: u64,
-    w: u64,
-    b: u64,
-    y: u64,
-    rows: i32,
-    in_f: i32,
-    out_f: i32,
-    pad: i32,
-}
-
-// SAFETY: plain `repr(C)` data with the layout of `struct LinParams`.
-unsafe impl cudarc::driver::DeviceRepr for LinParams {}
 
 #[cfg(test)]
 mod tests {

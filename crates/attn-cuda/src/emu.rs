@@ -25,8 +25,8 @@
 use crate::cache::Cache;
 use crate::params::{BwdParams, Params};
 use crate::plan::{
-    backward_launches, dbias_strides, forward_kernel, maps_launch, supported, supported_backward,
-    ForwardPlan, HalfKernel,
+    backward_launches, dbias_strides, forward_kernel, linear_launch, maps_launch, supported,
+    supported_backward, ForwardPlan, Geometry3, HalfKernel,
 };
 use crate::variant::{Kernel, Variant};
 use attn_spec::{
@@ -73,7 +73,7 @@ impl std::fmt::Debug for Emulator {
 #[repr(C)]
 struct Launch {
     grid: [u32; 3],
-    block: u32,
+    block: [u32; 3],
     smem: u64,
     params: *const u8,
     err: *mut u8,
@@ -136,6 +136,11 @@ impl Shared {
     }
 }
 
+/// A one-dimensional block of `threads`.
+fn flat((grid, threads): ((u32, u32, u32), u32)) -> Geometry3 {
+    (grid, (threads, 1, 1))
+}
+
 /// The emulated launch entry point of one kernel.
 type Run = unsafe extern "C" fn(*const Launch) -> i32;
 
@@ -188,7 +193,7 @@ impl Emulator {
     }
 
     /// Runs `v`'s kernel on `geometry` with the parameter block `params`.
-    fn launch<P>(&self, v: &Variant, geometry: ((u32, u32, u32), u32), params: &P) -> Result<()> {
+    fn launch<P>(&self, v: &Variant, geometry: Geometry3, params: &P) -> Result<()> {
         let lib = self.library(v)?;
         let name = format!("emu_run_{}", v.kernel.function());
         // SAFETY: every emulated library exports `emu_run_<kernel>` with
@@ -196,7 +201,7 @@ impl Emulator {
         let run = unsafe { lib.get::<Run>(name.as_bytes()) }
             .map_err(|e| self.err(format!("{name}: {e}")))?;
         let mut msg = vec![0u8; 1024];
-        let ((gx, gy, gz), block) = geometry;
+        let ((gx, gy, gz), (bx, by, bz)) = geometry;
         let mut one = LOCK.lock().unwrap_or_else(|e| e.into_inner());
         if one.is_none() {
             *one = Some(Shared::map().map_err(|e| self.err(e))?);
@@ -207,7 +212,7 @@ impl Emulator {
         };
         let l = Launch {
             grid: [gx, gy, gz],
-            block,
+            block: [bx, by, bz],
             smem: v.smem_bytes() as u64,
             params: (params as *const P).cast(),
             err: msg.as_mut_ptr(),
@@ -478,9 +483,9 @@ impl Backend for Emulator {
             params.part_o = po.addr();
             params.part_lse = pl.addr();
         }
-        self.launch(&v, plan.geometry, &params)?;
+        self.launch(&v, flat(plan.geometry), &params)?;
         if let Some((cv, geometry)) = plan.combine {
-            self.launch(&cv, geometry, &params)?;
+            self.launch(&cv, flat(geometry), &params)?;
         }
         let all = [Some(&q), Some(&k), Some(&vv), Some(&o_dev)]
             .into_iter()
@@ -554,7 +559,7 @@ impl Backward for Emulator {
         let mut last = None;
         for (kernel, grid) in backward_launches(p, bp.dsinks != 0) {
             let v = Variant::for_problem(kernel, p, ARCH);
-            self.launch(&v, (grid, kernel.threads()), &bp)?;
+            self.launch(&v, flat((grid, kernel.threads())), &bp)?;
             last = Some(v);
         }
         let all = [&q, &k, &vv, &o, &lse, &d_out, &d_rows, &dq, &dk, &dv]
@@ -615,7 +620,7 @@ impl AttentionMaps for Emulator {
         mp.batches = batches.addr();
         mp.heads = heads.addr();
         let v = Variant::for_problem(Kernel::Maps, p, ARCH);
-        self.launch(&v, geometry, &mp)?;
+        self.launch(&v, flat(geometry), &mp)?;
         let all = [&q, &k, &lse, &batches, &heads, &out]
             .into_iter()
             .chain([&bias, &mask].into_iter().flatten())
@@ -623,6 +628,37 @@ impl AttentionMaps for Emulator {
         self.no_overrun(&v, all)?;
         store(maps, out.bytes());
         Ok(())
+    }
+}
+
+impl attn_spec::Linear for Emulator {
+    fn linear(
+        &self,
+        x: &HostData,
+        rows: usize,
+        w: &HostData,
+        bias: Option<&HostData>,
+        in_features: usize,
+        out_features: usize,
+    ) -> Result<HostData> {
+        attn_spec::check_linear(self, x, rows, w, bias, in_features, out_features)?;
+        let dtype = x.dtype();
+        let (mut params, geometry) =
+            linear_launch(&self.name(), dtype, rows, in_features, out_features)?;
+        let mut y_host = HostData::zeros(dtype, rows * out_features);
+        let mut xd = Dev::new("x", &bytes_of(x));
+        let mut wd = Dev::new("w", &bytes_of(w));
+        let mut bd = bias.map(|b| Dev::new("b", &bytes_of(b)));
+        let mut yd = Dev::unset("y", y_host.len() * dtype.size_bytes());
+        params.x = xd.addr();
+        params.w = wd.addr();
+        params.b = bd.as_mut().map_or(0, Dev::addr);
+        params.y = yd.addr();
+        let v = Variant::linear(dtype, ARCH);
+        self.launch(&v, geometry, &params)?;
+        self.no_overrun(&v, [&xd, &wd, &yd].into_iter().chain(bd.as_ref()))?;
+        store(&mut y_host, yd.bytes());
+        Ok(y_host)
     }
 }
 

@@ -224,6 +224,32 @@ pub struct MapsParams {
 // SAFETY: as `Params`: `repr(C)` plain data read by value.
 unsafe impl cudarc::driver::DeviceRepr for MapsParams {}
 
+/// The parameter block of `attn_linear` (`struct LinParams` in
+/// kernels/linear.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LinParams {
+    /// x `[rows, in]`.
+    pub x: u64,
+    /// W `[out, in]`.
+    pub w: u64,
+    /// b `[out]`, or 0.
+    pub b: u64,
+    /// y `[rows, out]`.
+    pub y: u64,
+    /// Rows of x and y.
+    pub rows: i32,
+    /// Input features.
+    pub in_f: i32,
+    /// Output features.
+    pub out_f: i32,
+    /// Padding to 8 bytes.
+    pub pad: i32,
+}
+
+// SAFETY: plain `repr(C)` data with the layout of `struct LinParams`.
+unsafe impl cudarc::driver::DeviceRepr for LinParams {}
+
 impl Params {
     /// The sizes, strides and options of `p` (device addresses left 0),
     /// for `splits` splits of `keys_per_split` keys.

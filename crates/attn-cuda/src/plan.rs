@@ -4,7 +4,9 @@
 //! backend ([`crate::Cuda`]) and the CPU emulator ([`crate::emu`]), so the
 //! emulator runs the host logic the GPU runs, not a copy of it.
 
-use crate::params::{combine_geometry, forward_geometry, plan_splits, MapsParams, Params};
+use crate::params::{
+    combine_geometry, forward_geometry, plan_splits, LinParams, MapsParams, Params,
+};
 use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
 use attn_spec::{AttnError, DType, MapLayout, Problem, Result};
 
@@ -99,6 +101,9 @@ pub fn supported(
 
 /// A grid and a block size.
 pub type Geometry = ((u32, u32, u32), u32);
+
+/// A grid and a block, each three-dimensional.
+pub type Geometry3 = ((u32, u32, u32), (u32, u32, u32));
 
 /// One forward call's launches: the kernel variant on its grid, then, for
 /// a split-KV plan, the combine pass.
@@ -258,4 +263,47 @@ pub fn maps_launch(
     let rows = Kernel::Maps.rows_per_block();
     let grid = (nr.div_ceil(rows) as u32, planes as u32, nb as u32);
     Ok((mp, (grid, Kernel::Maps.threads())))
+}
+
+/// The projection kernel's parameter block (device addresses left 0),
+/// grid and block for `rows` x `out_f` outputs of `dtype` from `in_f`
+/// inputs, or `Unsupported` from `backend` (a dtype other than f32, f16
+/// and bf16; more output features than grid y holds).
+pub fn linear_launch(
+    backend: &str,
+    dtype: DType,
+    rows: usize,
+    in_f: usize,
+    out_f: usize,
+) -> Result<(LinParams, Geometry3)> {
+    let unsupported = |feature: String, reason: &str| AttnError::Unsupported {
+        backend: backend.into(),
+        feature,
+        reason: reason.into(),
+    };
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) {
+        return Err(unsupported(
+            format!("{dtype} projections"),
+            "the GPU kernels take f32, f16 and bf16",
+        ));
+    }
+    if out_f.div_ceil(16) > 65535 {
+        return Err(unsupported(
+            format!("{out_f} output features"),
+            "the projection kernel puts 16 features per block on grid y (at most 65535)",
+        ));
+    }
+    let i = |what, n: usize| i32::try_from(n).map_err(|_| AttnError::Overflow { what });
+    let params = LinParams {
+        rows: i("rows", rows)?,
+        in_f: i("in_features", in_f)?,
+        out_f: i("out_features", out_f)?,
+        ..LinParams::default()
+    };
+    let grid = (
+        rows.div_ceil(16).max(1) as u32,
+        out_f.div_ceil(16).max(1) as u32,
+        1,
+    );
+    Ok((params, (grid, (16, 16, 1))))
 }

@@ -187,6 +187,14 @@ fn hand_computed_cases() {
     }
 }
 
+/// The multi-head layer's projection kernel against f64.
+#[test]
+fn projections_match_f64() {
+    if let Some((tc, _)) = gpu() {
+        common::linear_matches_f64(tc).unwrap();
+    }
+}
+
 #[test]
 fn bad_input_gives_typed_errors() {
     if let Some((tc, _)) = gpu() {

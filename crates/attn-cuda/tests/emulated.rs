@@ -91,6 +91,12 @@ fn hand_computed_and_split_kv_cases() {
 #[test]
 fn bad_input_gives_typed_errors() {
     errors::all(&Emulator::new()).unwrap();
+    errors::layer(&Emulator::new()).unwrap();
+}
+
+#[test]
+fn projections_match_f64() {
+    common::linear_matches_f64(&Emulator::new()).unwrap();
 }
 
 proptest! {

@@ -76,6 +76,7 @@ struct Thread {
     void* sp = nullptr;
     unsigned char* stack = nullptr;  // the top of its stack
     Dim3 tid{0, 0, 0};
+    unsigned id = 0;  // linear: x fastest, as the hardware numbers lanes
     int lane = 0, warp = 0;
     bool done = false;
     const char* waiting = "";  // where it last yielded (for a deadlock's report)
@@ -104,7 +105,7 @@ struct Warp {
 // `stack_size` bytes, a guard page at the low end of each.
 struct Launch {
     unsigned grid[3];
-    unsigned block;
+    unsigned block[3];
     uint64_t smem;
     const void* params;
     char* err;
@@ -177,7 +178,7 @@ static void fail(const char* fmt, ...) {
     if (!g.failed) {
         g.failed = true;
         int n = snprintf(g.msg, sizeof g.msg, "block (%u,%u,%u) thread %u: ", g.block.x, g.block.y,
-                         g.block.z, g.cur ? g.cur->tid.x : 0u);
+                         g.block.z, g.cur ? g.cur->id : 0u);
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(g.msg + n, sizeof g.msg - n, fmt, ap);
@@ -278,7 +279,7 @@ static unsigned char* shared_at(uint32_t off, uint32_t bytes, const char* what) 
 }
 
 static void run_block() {
-    const unsigned n = g.bdim.x;
+    const unsigned n = g.bdim.x * g.bdim.y * g.bdim.z;
     g.live = (int)n;
     g.bar_arrived = 0;
     g.warps.assign((n + 31) / 32, Warp());
@@ -289,7 +290,8 @@ static void run_block() {
     memset(g.smem, 0xff, SMEM_CAP);
     for (unsigned i = 0; i < n; ++i) {
         Thread& t = g.threads[i];
-        t.tid = Dim3{i, 0, 0};
+        t.id = i;
+        t.tid = Dim3{i % g.bdim.x, (i / g.bdim.x) % g.bdim.y, i / (g.bdim.x * g.bdim.y)};
         t.lane = (int)(i % 32);
         t.warp = (int)(i / 32);
         t.done = false;
@@ -369,8 +371,10 @@ static int run(const Launch& l, void (*body)(const void*)) {
                  l.grid[2]);
         return 1;
     }
-    if (l.block == 0 || l.block > 1024) {
-        snprintf(l.err, l.err_len, "%u threads per block", l.block);
+    const uint64_t threads = (uint64_t)l.block[0] * l.block[1] * l.block[2];
+    if (threads == 0 || threads > 1024 || l.block[2] > 64) {
+        snprintf(l.err, l.err_len, "block (%u,%u,%u) past CUDA's limits", l.block[0], l.block[1],
+                 l.block[2]);
         return 1;
     }
     if (l.smem_arena == nullptr || (uintptr_t)l.smem_arena % 16 != 0) {
@@ -380,16 +384,16 @@ static int run(const Launch& l, void (*body)(const void*)) {
     g.smem = l.smem_arena;
     g.smem_bytes = l.smem;
     g.gdim = Dim3{l.grid[0], l.grid[1], l.grid[2]};
-    g.bdim = Dim3{l.block, 1, 1};
+    g.bdim = Dim3{l.block[0], l.block[1], l.block[2]};
     g.body = body;
     g.params = l.params;
-    if (l.stack_count < l.block || l.stack_size % 16 != 0) {
-        snprintf(l.err, l.err_len, "%llu stacks for %u threads", (unsigned long long)l.stack_count,
-                 l.block);
+    if (l.stack_count < threads || l.stack_size % 16 != 0) {
+        snprintf(l.err, l.err_len, "%llu stacks for %llu threads",
+                 (unsigned long long)l.stack_count, (unsigned long long)threads);
         return 1;
     }
-    g.threads.resize(l.block);
-    for (unsigned i = 0; i < l.block; ++i) g.threads[i].stack = l.stacks + (i + 1) * l.stack_size;
+    g.threads.resize(threads);
+    for (unsigned i = 0; i < threads; ++i) g.threads[i].stack = l.stacks + (i + 1) * l.stack_size;
     for (unsigned z = 0; z < l.grid[2]; ++z) {
         for (unsigned y = 0; y < l.grid[1]; ++y) {
             for (unsigned x = 0; x < l.grid[0]; ++x) {

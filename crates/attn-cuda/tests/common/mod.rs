@@ -30,3 +30,56 @@ pub fn maps_suite<B: attn_spec::AttentionMaps>(backend: &B, n: u32) -> Result<u3
     })?;
     Ok(r.passed)
 }
+
+/// `linear` (y = x W^T + b, the multi-head layer's projections) against
+/// f64 on a few shapes, with and without a bias, in f32, f16 and bf16.
+/// Bound per output: the f32 accumulation of `in_f` products, `(in_f + 2)
+/// 2^-24 sum |x w| + |b| 2^-24`, plus the output's rounding to its type
+/// (half an ulp of the f32 sum: 2^-8 relative for bf16, 2^-11 for f16).
+pub fn linear_matches_f64<B: attn_spec::Linear>(backend: &B) -> Result<(), String> {
+    use attn_spec::{DType, HostData};
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        for (rows, in_f, out_f, with_bias) in
+            [(37, 19, 21, true), (16, 64, 16, false), (1, 3, 40, true)]
+        {
+            // Values exactly representable in every type: k / 64, |k| < 128.
+            let val = |i: usize, salt: usize| (((i * 37 + salt * 11) % 255) as f64 - 127.0) / 64.0;
+            let x: Vec<f64> = (0..rows * in_f).map(|i| val(i, 1)).collect();
+            let w: Vec<f64> = (0..out_f * in_f).map(|i| val(i, 2)).collect();
+            let b: Vec<f64> = (0..out_f).map(|i| val(i, 3)).collect();
+            let host = |v: &[f64]| HostData::from_f64(dtype, v);
+            let up = |d: &HostData| backend.upload(d).map_err(|e| e.to_string());
+            let (xb, wb, bb) = (up(&host(&x))?, up(&host(&w))?, up(&host(&b))?);
+            let y = backend
+                .linear(&xb, rows, &wb, with_bias.then_some(&bb), in_f, out_f)
+                .map_err(|e| format!("{dtype} linear {rows}x{in_f}->{out_f}: {e}"))?;
+            let y = backend
+                .download(&y)
+                .map_err(|e| e.to_string())?
+                .to_f64_vec();
+            let out_rel = match dtype {
+                DType::Bf16 => 2f64.powi(-8),
+                DType::F16 => 2f64.powi(-11),
+                _ => 0.0,
+            };
+            for r in 0..rows {
+                for o in 0..out_f {
+                    let terms = (0..in_f).map(|k| x[r * in_f + k] * w[o * in_f + k]);
+                    let bias = if with_bias { b[o] } else { 0.0 };
+                    let want: f64 = terms.clone().sum::<f64>() + bias;
+                    let mag: f64 = terms.map(f64::abs).sum::<f64>();
+                    let u = 2f64.powi(-24);
+                    let acc = (in_f as f64 + 2.0) * u * mag + u * bias.abs();
+                    let bound = acc + out_rel * (want.abs() + acc);
+                    let got = y[r * out_f + o];
+                    if (got - want).abs() > bound {
+                        return Err(format!(
+                            "{dtype} linear {rows}x{in_f}->{out_f} bias={with_bias}: y[{r}][{o}] = {got}, f64 {want}, bound {bound:e}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
