@@ -90,8 +90,10 @@ pub struct Params {
     /// head dim, every other stride and the offsets multiples of 8
     /// elements (device allocations are 256-byte aligned).
     pub kv_vec: i32,
-    /// Padding to a multiple of 8 bytes.
-    pub pad: i32,
+    /// 1, or the GQA group that each block's rows pack (`mma.cu`; see
+    /// [`crate::plan::ForwardPlan`]): the grid's y axis is then over K/V
+    /// heads.
+    pub pack: i32,
 }
 
 // SAFETY: `Params` is `repr(C)` plain data (integers and floats, no
@@ -293,6 +295,7 @@ impl Params {
             scale: p.scale(),
             softcap: o.softcap.unwrap_or(0.0),
             kv_vec: i32::from(p.dtype.size_bytes() == 2 && vec8(&p.k) && vec8(&p.v)),
+            pack: 1,
             ..Params::default()
         })
     }
@@ -312,13 +315,21 @@ impl Params {
 }
 
 /// Grid and block of a forward kernel: x over query blocks, y over query
-/// heads, z over batch x splits.
-pub fn forward_geometry(v: &Variant, p: &Problem, splits: usize) -> ((u32, u32, u32), u32) {
+/// heads, z over batch x splits; with `pack` > 1 (the GQA group packed
+/// into each block's rows, [`Params::pack`]), x over blocks of packed
+/// (query, head) rows and y over K/V heads.
+pub fn forward_geometry(
+    v: &Variant,
+    p: &Problem,
+    splits: usize,
+    pack: usize,
+) -> ((u32, u32, u32), u32) {
     let s = p.shape;
     let rows = v.kernel.rows_per_block();
+    let pack = pack.max(1);
     let grid = (
-        s.q_len.div_ceil(rows).max(1) as u32,
-        s.q_heads as u32,
+        (s.q_len * pack).div_ceil(rows).max(1) as u32,
+        (s.q_heads / pack) as u32,
         (s.batch * splits) as u32,
     );
     (grid, v.kernel.threads())
@@ -413,7 +424,7 @@ mod tests {
             "scale",
             "softcap",
             "kv_vec",
-            "pad1",
+            "pack",
         ];
         assert_eq!(c_names, rust);
     }
@@ -524,9 +535,12 @@ mod tests {
     fn geometry() {
         let p = Problem::new(Shape::new(3, 8, 2, 130, 1000, 64), DType::Bf16);
         let v = Variant::for_problem(Kernel::Mma, &p, (9, 0));
-        assert_eq!(forward_geometry(&v, &p, 5), ((3, 8, 15), 128));
+        assert_eq!(forward_geometry(&v, &p, 5, 1), ((3, 8, 15), 128));
+        // Packed: 130 queries x 4 heads = 520 rows in 9 blocks of 64, per
+        // K/V head.
+        assert_eq!(forward_geometry(&v, &p, 5, 4), ((9, 2, 15), 128));
         let s = Variant::for_problem(Kernel::Simt, &p, (9, 0));
-        assert_eq!(forward_geometry(&s, &p, 1), ((17, 8, 3), 256));
+        assert_eq!(forward_geometry(&s, &p, 1, 1), ((17, 8, 3), 256));
         assert_eq!(combine_geometry(&p), ((33, 8, 3), 128));
     }
 }

@@ -115,6 +115,8 @@ pub struct ForwardPlan {
     pub splits: usize,
     /// The parameter block, device addresses left 0.
     pub params: Params,
+    /// The GQA group each block's rows pack (1: none), as in `params`.
+    pub pack: usize,
     /// The forward launch.
     pub geometry: Geometry,
     /// The combine pass's variant and launch, for `splits > 1`.
@@ -124,11 +126,23 @@ pub struct ForwardPlan {
 impl ForwardPlan {
     /// The launches of `problem` with variant `v` on a GPU that runs
     /// `slots` of its blocks at once (multiprocessors x blocks per
-    /// multiprocessor): splits from [`plan_splits`], one split when the
+    /// multiprocessor): the tensor-core kernels pack a GQA group's query
+    /// heads into each block's rows when there are fewer query rows than
+    /// a block holds (decoding), so the heads sharing a K/V head read each
+    /// K/V tile once and no warp computes padding; splits from
+    /// [`plan_splits`] for the blocks that leaves, one split when the
     /// grid's z axis (batch x splits) would pass 65535.
     pub fn new(problem: &Problem, v: Variant, slots: usize) -> Result<Self> {
         let s = problem.shape;
-        let blocks = s.q_len.div_ceil(v.kernel.rows_per_block()) * s.q_heads * s.batch;
+        let rows = v.kernel.rows_per_block();
+        let group = s.q_heads / s.kv_heads.max(1);
+        let tensor_cores = matches!(v.kernel, Kernel::Mma | Kernel::MmaFast);
+        let pack = if tensor_cores && group > 1 && s.q_len < rows {
+            group
+        } else {
+            1
+        };
+        let blocks = (s.q_len * pack).div_ceil(rows) * (s.q_heads / pack) * s.batch;
         let (mut splits, mut per) = plan_splits(blocks, s.kv_len, slots, v.block_n());
         if s.batch * splits > 65535 {
             (splits, per) = (1, s.kv_len.max(1));
@@ -140,11 +154,14 @@ impl ForwardPlan {
             };
             (cv, combine_geometry(problem))
         });
+        let mut params = Params::new(problem, splits, per)?;
+        params.pack = pack as i32;
         Ok(ForwardPlan {
             variant: v,
             splits,
-            params: Params::new(problem, splits, per)?,
-            geometry: forward_geometry(&v, problem, splits),
+            params,
+            pack,
+            geometry: forward_geometry(&v, problem, splits, pack),
             combine,
         })
     }
@@ -306,4 +323,41 @@ pub fn linear_launch(
         1,
     );
     Ok((params, (grid, (16, 16, 1))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attn_spec::Shape;
+
+    fn plan(kernel: Kernel, shape: Shape) -> ForwardPlan {
+        let p = Problem::new(shape, DType::Bf16);
+        let v = Variant::for_problem(kernel, &p, (9, 0));
+        ForwardPlan::new(&p, v, 132 * 2).unwrap()
+    }
+
+    /// The tensor-core kernels pack a GQA group's heads into a block's
+    /// rows below 64 query rows; the FMA kernel, MHA and prefill do not.
+    #[test]
+    fn decoding_packs_the_group_into_a_block() {
+        // A decode step, 32 query heads on 8 K/V heads, 32k keys: 8 blocks
+        // of 4 packed rows each, then split over the keys.
+        let d = plan(Kernel::Mma, Shape::new(1, 32, 8, 1, 32768, 128));
+        assert_eq!((d.pack, d.params.pack), (4, 4));
+        let ((x, y, z), _) = d.geometry;
+        assert_eq!((x, y, z), (1, 8, d.splits as u32));
+        assert!(d.splits > 1 && d.combine.is_some());
+        // 40 queries x 4 heads: 160 packed rows, 3 blocks per K/V head.
+        let f = plan(Kernel::MmaFast, Shape::new(2, 8, 2, 40, 100, 64));
+        assert_eq!((f.pack, f.geometry.0), (4, (3, 2, 2)));
+        for (k, shape) in [
+            (Kernel::Mma, Shape::new(1, 32, 8, 64, 512, 128)),
+            (Kernel::Mma, Shape::new(1, 8, 8, 1, 4096, 64)),
+            (Kernel::Simt, Shape::new(1, 32, 8, 1, 4096, 64)),
+        ] {
+            let p = plan(k, shape);
+            assert_eq!((p.pack, p.params.pack), (1, 1), "{k:?} {shape:?}");
+            assert_eq!(p.geometry.0 .1, shape.q_heads as u32);
+        }
+    }
 }

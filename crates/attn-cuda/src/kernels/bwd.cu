@@ -240,7 +240,7 @@ attn_bwd_dkdv(const BwdParams bp) {
 extern "C" __global__ void __launch_bounds__(256)
 attn_bwd_dsinks(const BwdParams bp) {
     const Params& p = bp.p;
-    __shared__ float part[256];
+    STATIC_SMEM(float, part, [256]);
     const int h = blockIdx.x;
     float acc = 0.0f;
 #if HAS_SINKS

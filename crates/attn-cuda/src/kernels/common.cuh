@@ -19,8 +19,11 @@ typedef long long i64;
 
 // The block's dynamic shared memory as `T* name` (the CPU emulator,
 // ATTN_EMU in src/emu.rs, defines its own).
+// A static shared array `T name dims` (dims: `[n]` or `[n][m]`), which
+// the emulator places in its poisoned arena.
 #ifndef ATTN_EMU
 #define DYNAMIC_SMEM(T, name) extern __shared__ __align__(16) T name[]
+#define STATIC_SMEM(T, name, dims) __shared__ T name dims
 #endif
 
 // The problem, passed by value (layout mirrored by `Params` in
@@ -54,7 +57,7 @@ struct Params {
     float scale;
     float softcap;
     int kv_vec;           // 1: K and V rows may be copied 16 bytes at a time
-    int pad1;
+    int pack;             // 1, or the GQA group a block's rows pack (mma.cu)
 };
 
 __device__ __forceinline__ float bf16_to_f32(u16 x) {

@@ -27,6 +27,9 @@
 //   exit) retires its group, the latest moment the ISA allows: a read
 //   before the wait, and a refill of a stage other warps still read (a
 //   missing barrier), both bring NaN;
+// - a write into shared bytes while a `cp.async` into them is in flight;
+// - static shared arrays (STATIC_SMEM) live in the same poisoned arena,
+//   after the dynamic ones, and must fit a block with them;
 // - a grid or block past CUDA's limits.
 // Global memory bounds are the host's: `emu.rs` pads every buffer with
 // poison and checks the padding after each launch; an index past a
@@ -34,9 +37,14 @@
 // process naming the line.
 //
 // Arithmetic: `mma.sync` multiplies the 16-bit inputs exactly and adds the
-// products in f32 in k order (one rounding per step); `ex2.approx.ftz` is
-// exp2f with subnormals flushed; conversions round to nearest even as the
-// instructions do.
+// products in f32 in k order, rounding to nearest at each step (tensor
+// cores group the additions and truncate: an error bound tuned here alone
+// could be optimistic; the conformance bound is derived, not tuned);
+// `ex2.approx.ftz` is exp2f with subnormals flushed; conversions round to
+// nearest even as the instructions do. Not checked: races between blocks
+// (blocks run one after another), lanes of a warp meeting at different
+// call sites of the same collective, `__launch_bounds__`.
+// Needs GCC 12 or Clang 15 (`_Float16`).
 
 #include <cmath>
 #include <cstdarg>
@@ -57,6 +65,8 @@
 #define __align__(n) alignas(n)
 #define __shared__ static
 #define DYNAMIC_SMEM(T, name) T* name = (T*)emu::g.smem
+#define STATIC_SMEM(T, name, dims) \
+    T(&name) dims = *reinterpret_cast<T(*) dims>(emu::static_smem(#name, sizeof(T dims)))
 
 #define EMU_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -131,6 +141,9 @@ struct State {
     char msg[512] = {0};
     unsigned char* smem = nullptr;  // the arena, SMEM_CAP bytes
     uint64_t smem_bytes = 0;         // the launch's dynamic size
+    // Static shared arrays, placed after the dynamic ones in each block.
+    std::vector<std::pair<const char*, uint64_t>> statics;
+    uint64_t static_top = 0;
     void (*body)(const void*) = nullptr;
     const void* params = nullptr;
 };
@@ -190,11 +203,21 @@ static void fail(const char* fmt, ...) {
 static void retire(Thread& t, size_t keep) {
     while (t.groups.size() > keep) {
         for (const Copy& c : t.groups.front()) {
+            // Still the poison of its issue: nothing wrote the target
+            // while the copy was in flight (a race on a GPU).
+            for (int k = 0; k < 16; ++k) {
+                if (c.dst[k] != 0xff) fail("shared bytes written while a cp.async into them was in flight");
+            }
             memcpy(c.dst, c.src, c.bytes);
             memset(c.dst + c.bytes, 0, 16 - c.bytes);
         }
         t.groups.erase(t.groups.begin());
     }
+}
+
+static void cp_async_commit_group_of(Thread& t) {
+    t.groups.push_back(t.open);
+    t.open.clear();
 }
 
 static void block_barrier() {
@@ -236,12 +259,8 @@ static void warp_op(const char* op, unsigned mask, F all) {
 
 static void thread_exit() {
     Thread& t = *g.cur;
+    if (!t.open.empty()) cp_async_commit_group_of(t);
     retire(t, 0);
-    for (const Copy& c : t.open) {
-        memcpy(c.dst, c.src, c.bytes);
-        memset(c.dst + c.bytes, 0, 16 - c.bytes);
-    }
-    t.open.clear();
     t.done = true;
     g.live--;
     g.warps[t.warp].live--;
@@ -260,6 +279,23 @@ static void thread_exit() {
 static void fiber_main() {
     g.body(g.params);
     thread_exit();
+}
+
+// The block's static shared array `name` of `bytes` (STATIC_SMEM): the
+// same bytes for every thread of the block, in the poisoned arena after
+// the dynamic shared memory; static and dynamic together must fit a block.
+static unsigned char* static_smem(const char* name, uint64_t bytes) {
+    for (auto& s : g.statics) {
+        if (strcmp(s.first, name) == 0) return g.smem + s.second;
+    }
+    const uint64_t off = g.static_top;
+    g.static_top += (bytes + 15) / 16 * 16;
+    if (g.static_top > SMEM_CAP) {
+        fail("static shared memory (%s) past a block's %zu bytes with the launch's %llu dynamic",
+             name, SMEM_CAP, (unsigned long long)g.smem_bytes);
+    }
+    g.statics.emplace_back(name, off);
+    return g.smem + off;
 }
 
 // Shared-memory offset of `p` (what `cvta.to.shared` gives), checked to
@@ -288,6 +324,8 @@ static void run_block() {
         g.warps[i].live = lanes < 32 ? (int)lanes : 32;
     }
     memset(g.smem, 0xff, SMEM_CAP);
+    g.statics.clear();
+    g.static_top = (g.smem_bytes + 15) / 16 * 16;
     for (unsigned i = 0; i < n; ++i) {
         Thread& t = g.threads[i];
         t.id = i;
@@ -482,11 +520,7 @@ static inline void cp_async_cg16(uint32_t dst, const void* src, uint32_t bytes) 
     g.cur->open.push_back(Copy{d, (const unsigned char*)src, bytes});
 }
 
-static inline void cp_async_commit_group() {
-    Thread& t = *g.cur;
-    t.groups.push_back(t.open);
-    t.open.clear();
-}
+static inline void cp_async_commit_group() { cp_async_commit_group_of(*g.cur); }
 
 static inline void cp_async_wait_group(int n) { retire(*g.cur, (size_t)n); }
 

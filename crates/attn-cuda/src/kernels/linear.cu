@@ -16,8 +16,8 @@ struct LinParams {
 
 extern "C" __global__ void __launch_bounds__(LT * LT)
 attn_linear(const LinParams p) {
-    __shared__ float xs[LT][LT + 1];
-    __shared__ float ws[LT][LT + 1];
+    STATIC_SMEM(float, xs, [LT][LT + 1]);
+    STATIC_SMEM(float, ws, [LT][LT + 1]);
     const int tx = threadIdx.x, ty = threadIdx.y;
     // Rows on grid x (up to 2^31 - 1 blocks), features on y.
     const int r = blockIdx.x * LT + ty;   // output row

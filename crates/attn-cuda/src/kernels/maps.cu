@@ -21,7 +21,7 @@ struct MapsParams {
 extern "C" __global__ void __launch_bounds__(MAPS_WARPS * 32)
 attn_maps(const MapsParams mp) {
     const Params& p = mp.p;
-    __shared__ float qs[MAPS_WARPS][DQK_PAD];
+    STATIC_SMEM(float, qs, [MAPS_WARPS][DQK_PAD]);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x * MAPS_WARPS + warp;
     const int plane = blockIdx.y, bi = blockIdx.z;

@@ -1,7 +1,11 @@
 // attn_mma: FlashAttention-2's forward on tensor cores for f16/bf16
 // (ELEM 1 or 2): `mma.sync.m16n8k16` with f32 accumulation. A block of
 // MMA_WARPS warps owns BM = 16 * MMA_WARPS query rows of one head; each warp
-// owns 16 rows. K/V tiles of BLOCK_N keys stream through shared memory; the
+// owns 16 rows. With fewer query rows than BM and GQA (`Params::pack` =
+// the group, decoding above all), a block's rows instead pack the group's
+// query heads, query-major (row L: query L / pack, head kvh * pack + L %
+// pack), so the heads that share a K/V head share each K/V tile it loads
+// and the block's warps compute rows that exist. K/V tiles of BLOCK_N keys stream through shared memory; the
 // score tile and the output accumulator live in registers, the online
 // softmax runs on them, and the probabilities are re-packed from the score
 // accumulators into the A operand of P V without touching shared memory.
@@ -213,6 +217,13 @@ __device__ __forceinline__ float score2(const Params& p, int b, int h, int i, in
 #define EXP expf
 #endif
 
+// The head of packed row L: with `pack` > 1 (the block's rows pack the
+// query heads of K/V head `kvh`'s group, `Params::pack`), head kvh * pack
+// + L % pack, query L / pack; else the grid's head, query L.
+__device__ __forceinline__ int row_head(int L, int pack, int kvh) {
+    return pack > 1 ? kvh * pack + L % pack : (int)blockIdx.y;
+}
+
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
                                          u32 b1) {
 #ifdef ATTN_EMU
@@ -240,32 +251,38 @@ attn_mma(const Params p) {
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gq = lane >> 2, tq = lane & 3;
-    const int h = blockIdx.y;
     const int b = blockIdx.z / p.num_splits;
     const int split = blockIdx.z % p.num_splits;
-    const int kvh = h / (p.hq / p.hkv);
+    const int pack = p.pack;
+    const int kvh = pack > 1 ? (int)blockIdx.y : (int)blockIdx.y / (p.hq / p.hkv);
+    // The block's rows: packed row L = row0 + r is query L / pack of
+    // head row_head(L) (row_head in this file's header).
     const int row0 = blockIdx.x * BM;
     const SeqMask m = seq_mask(p, b);
     int blo, bhi;
-    block_keys(p, m, row0, row0 + BM, split, &blo, &bhi);
+    block_keys(p, m, row0 / pack, (row0 + BM - 1) / pack + 1, split, &blo, &bhi);
 
     const u16* qg = (const u16*)p.q;
     for (int e = threadIdx.x; e < BM * DQK_PAD; e += blockDim.x) {
-        int r = e / DQK_PAD, d = e % DQK_PAD, i = row0 + r;
+        const int r = e / DQK_PAD, d = e % DQK_PAD, i = (row0 + r) / pack;
+        const int hh = row_head(row0 + r, pack, kvh);
         u16 x = 0;
         if (i < p.sq && d < DQK) {
-            x = qg[p.q_off + (i64)b * p.q_st[0] + (i64)i * p.q_st[1] + (i64)h * p.q_st[2] +
+            x = qg[p.q_off + (i64)b * p.q_st[0] + (i64)i * p.q_st[1] + (i64)hh * p.q_st[2] +
                    (i64)d * p.q_st[3]];
         }
         Qs[r * QSTR + d] = x;
     }
 
-    // This thread's two rows: r = 0 is row g of the warp's 16, r = 1 row g + 8.
+    // This thread's two rows: r = 0 is row g of the warp's 16, r = 1 row
+    // g + 8; their queries, and their heads (HEAD(r), recomputed where
+    // needed rather than held in registers across the loop).
     int rows[2], lo[2], hi[2];
+#define HEAD(r) row_head(row0 + warp * 16 + gq + 8 * (r), pack, kvh)
     float mr[2], lr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        rows[r] = row0 + warp * 16 + gq + 8 * r;
+        rows[r] = (row0 + warp * 16 + gq + 8 * r) / pack;
         key_range(p, m, rows[r], &lo[r], &hi[r]);
         mr[r] = NEG_INF;
         lr[r] = 0.0f;
@@ -273,9 +290,9 @@ attn_mma(const Params p) {
         // The sink is one virtual key: counted once per row (by t == 0).
         if (p.num_splits == 1 && rows[r] < m.ql) {
 #if BASE2
-            mr[r] = p.sinks[h] * LOG2E_F;
+            mr[r] = p.sinks[HEAD(r)] * LOG2E_F;
 #else
-            mr[r] = p.sinks[h];
+            mr[r] = p.sinks[HEAD(r)];
 #endif
             lr[r] = (tq == 0 && mr[r] != NEG_INF) ? 1.0f : 0.0f;
         }
@@ -385,15 +402,16 @@ attn_mma(const Params p) {
                     const int j = t0 + n * 8 + 2 * tq + e;
 #if BASE2 && !HAS_MASK
                     float x = full ? s[n][2 * r + e] * scale2
-                          : j < bhi ? score2(p, b, h, rows[r], j, lo[r], hi[r], s[n][2 * r + e],
+                          : j < bhi ? score2(p, b, HEAD(r), rows[r], j, lo[r], hi[r], s[n][2 * r + e],
                                              scale2)
                                     : NEG_INF;
 #elif BASE2
-                    float x = j < bhi ? score2(p, b, h, rows[r], j, lo[r], hi[r],
+                    float x = j < bhi ? score2(p, b, HEAD(r), rows[r], j, lo[r], hi[r],
                                                s[n][2 * r + e], scale2)
                                       : NEG_INF;
 #else
-                    float x = j < bhi ? score(p, m, b, h, rows[r], j, lo[r], hi[r], s[n][2 * r + e])
+                    float x = j < bhi ? score(p, m, b, HEAD(r), rows[r], j, lo[r], hi[r],
+                                              s[n][2 * r + e])
                                       : NEG_INF;
 #endif
                     s[n][2 * r + e] = x;
@@ -453,7 +471,7 @@ attn_mma(const Params p) {
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int i = rows[r];
+        const int i = rows[r], h = HEAD(r);
         if (i >= p.sq) continue;
         float L, inv;
 #if BASE2
@@ -493,4 +511,5 @@ attn_mma(const Params p) {
             }
         }
     }
+#undef HEAD
 }
