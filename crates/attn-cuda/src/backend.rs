@@ -8,7 +8,9 @@ mod maps;
 use crate::cache::Cache;
 use crate::compile::{self, Target};
 use crate::libs;
-use crate::plan::{forward_kernel, linear_launch, supported, ForwardPlan, HalfKernel};
+use crate::plan::{
+    forward_kernel, linear_launch, supported, ForwardPlan, HalfKernel, SmallTensors,
+};
 use crate::variant::{Kernel, Variant};
 use attn_spec::{
     check_buffers, check_call, check_linear, AttnError, Backend, BufferInfo, Buffers, DType,
@@ -378,8 +380,18 @@ impl Cuda {
         Ok(CudaBuffer { data, dtype, len })
     }
 
-    fn upload_f32(&self, v: &[f32]) -> Result<CudaBuffer> {
-        self.upload(&HostData::F32(v.to_vec()))
+    /// The call's small tensors in one buffer ([`SmallTensors`]), uploaded
+    /// in one copy (none when there are none).
+    fn upload_small(
+        &self,
+        o: &attn_spec::AttnOptions,
+    ) -> Result<(SmallTensors, Option<CudaSlice<u8>>)> {
+        let small = SmallTensors::of(o);
+        let buf = match small.bytes.is_empty() {
+            true => None,
+            false => Some(self.stream.clone_htod(&small.bytes).map_err(drv)?),
+        };
+        Ok((small, buf))
     }
 
     fn upload_i32(&self, v: &[usize]) -> Result<CudaSlice<u8>> {
@@ -474,15 +486,8 @@ impl Cuda {
         let plan = ForwardPlan::new(problem, v, self.sms * per_sm)?;
         let mut params = plan.params;
 
-        // Small per-call tensors: lengths, slopes, sinks.
-        let q_lens = o.q_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
-        let kv_lens = o.kv_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
-        let alibi = o
-            .alibi_slopes
-            .as_ref()
-            .map(|a| self.upload_f32(a))
-            .transpose()?;
-        let sinks = o.sinks.as_ref().map(|a| self.upload_f32(a)).transpose()?;
+        // Small per-call tensors (lengths, slopes, sinks): one copy.
+        let (small, small_buf) = self.upload_small(o)?;
         // The split workspaces are not zeroed: the forward launch writes
         // every split's partial output and log-sum-exp for every row below
         // q_len (its blocks have no early exit but rows past q_len), and
@@ -505,14 +510,8 @@ impl Cuda {
         params.lse = addr.lse;
         params.bias = addr.bias;
         params.mask = addr.mask;
-        let ql_g = q_lens.as_ref().map(|b| b.device_ptr(st));
-        params.q_lens = ql_g.as_ref().map_or(0, |g| g.0);
-        let kl_g = kv_lens.as_ref().map(|b| b.device_ptr(st));
-        params.kv_lens = kl_g.as_ref().map_or(0, |g| g.0);
-        let al_g = alibi.as_ref().map(|b| b.data.device_ptr(st));
-        params.alibi = al_g.as_ref().map_or(0, |g| g.0);
-        let sk_g = sinks.as_ref().map(|b| b.data.device_ptr(st));
-        params.sinks = sk_g.as_ref().map_or(0, |g| g.0);
+        let small_g = small_buf.as_ref().map(|b| b.device_ptr(st));
+        small.set(&mut params, small_g.as_ref().map_or(0, |g| g.0));
         let part_g = part
             .as_mut()
             .map(|(po, pl)| (po.data.device_ptr_mut(st), pl.data.device_ptr_mut(st)));

@@ -8,7 +8,7 @@ use crate::params::{
     combine_geometry, forward_geometry, plan_splits, LinParams, MapsParams, Params,
 };
 use crate::variant::{Kernel, Variant, MAX_HEAD_DIM};
-use attn_spec::{AttnError, DType, MapLayout, Problem, Result};
+use attn_spec::{AttnError, AttnOptions, DType, MapLayout, Problem, Result};
 
 /// Which forward kernel a backend runs on f16/bf16 inputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,7 +129,7 @@ impl ForwardPlan {
     /// multiprocessor): the tensor-core kernels pack a GQA group's query
     /// heads into each block's rows when there are fewer query rows than
     /// a block holds (decoding), so the heads sharing a K/V head read each
-    /// K/V tile once and no warp computes padding; splits from
+    /// K/V tile once and fewer of a block's rows are padding; splits from
     /// [`plan_splits`] for the blocks that leaves, one split when the
     /// grid's z axis (batch x splits) would pass 65535.
     pub fn new(problem: &Problem, v: Variant, slots: usize) -> Result<Self> {
@@ -359,5 +359,75 @@ mod tests {
             assert_eq!((p.pack, p.params.pack), (1, 1), "{k:?} {shape:?}");
             assert_eq!(p.geometry.0 .1, shape.q_heads as u32);
         }
+    }
+
+    /// One buffer, each tensor 16-byte aligned, its bytes as uploaded one
+    /// by one before.
+    #[test]
+    fn small_tensors_share_one_buffer() {
+        assert_eq!(
+            SmallTensors::of(&AttnOptions::default()),
+            SmallTensors::default()
+        );
+        let o = AttnOptions {
+            kv_lens: Some(vec![3, 5, 7]),
+            sinks: Some(vec![0.5, -1.0]),
+            ..AttnOptions::default()
+        };
+        let s = SmallTensors::of(&o);
+        assert_eq!(s.at, [None, Some(0), None, Some(16)]);
+        assert_eq!(&s.bytes[..12], &[3, 0, 0, 0, 5, 0, 0, 0, 7, 0, 0, 0]);
+        assert_eq!(
+            &s.bytes[16..],
+            &[0.5f32.to_le_bytes(), (-1.0f32).to_le_bytes()].concat()[..]
+        );
+        let mut p = Params::default();
+        s.set(&mut p, 4096);
+        assert_eq!((p.q_lens, p.kv_lens, p.alibi, p.sinks), (0, 4096, 0, 4112));
+    }
+}
+
+/// A call's small tensors (per-sequence lengths as i32, ALiBi slopes and
+/// sink logits as f32) in one buffer, each at a 16-byte aligned offset,
+/// so a call uploads them in one copy instead of up to four.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SmallTensors {
+    /// The bytes to upload (empty when the call has none).
+    pub bytes: Vec<u8>,
+    /// Byte offsets of the query lengths, key lengths, slopes and sinks.
+    pub at: [Option<usize>; 4],
+}
+
+impl SmallTensors {
+    /// The small tensors of options `o`.
+    pub fn of(o: &AttnOptions) -> Self {
+        let i32s = |v: &[usize]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|&x| (x.min(i32::MAX as usize) as i32).to_le_bytes())
+                .collect()
+        };
+        let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let parts = [
+            o.q_lens.as_deref().map(i32s),
+            o.kv_lens.as_deref().map(i32s),
+            o.alibi_slopes.as_deref().map(f32s),
+            o.sinks.as_deref().map(f32s),
+        ];
+        let mut s = SmallTensors::default();
+        for (at, part) in s.at.iter_mut().zip(parts) {
+            if let Some(b) = part {
+                s.bytes.resize(s.bytes.len().next_multiple_of(16), 0);
+                *at = Some(s.bytes.len());
+                s.bytes.extend_from_slice(&b);
+            }
+        }
+        s
+    }
+
+    /// Sets `params`' addresses of the four tensors from the uploaded
+    /// buffer's device address `base` (0 for those absent).
+    pub fn set(&self, params: &mut Params, base: u64) {
+        let [q, k, a, s] = self.at.map(|at| at.map_or(0, |o| base + o as u64));
+        (params.q_lens, params.kv_lens, params.alibi, params.sinks) = (q, k, a, s);
     }
 }

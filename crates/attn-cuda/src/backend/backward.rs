@@ -33,14 +33,7 @@ impl Backward for Cuda {
         let o = &p.options;
         let st = &self.stream;
         let mut params = Params::new(p, 1, s.kv_len.max(1))?;
-        let q_lens = o.q_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
-        let kv_lens = o.kv_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
-        let alibi = o
-            .alibi_slopes
-            .as_ref()
-            .map(|a| self.upload_f32(a))
-            .transpose()?;
-        let sinks = o.sinks.as_ref().map(|a| self.upload_f32(a)).transpose()?;
+        let (small, small_buf) = self.upload_small(o)?;
         let mut d_rows = self.alloc(DType::F32, s.batch * s.q_heads * s.q_len)?;
 
         let (qa, _g1) = inputs.q.data.device_ptr(st);
@@ -52,10 +45,7 @@ impl Backward for Cuda {
         let (ga, _g6) = forward.d_out.data.device_ptr(st);
         let bias_g = inputs.bias.map(|b| b.data.device_ptr(st));
         let mask_g = inputs.mask.map(|m| m.data.device_ptr(st));
-        let ql_g = q_lens.as_ref().map(|b| b.device_ptr(st));
-        let kl_g = kv_lens.as_ref().map(|b| b.device_ptr(st));
-        let al_g = alibi.as_ref().map(|b| b.data.device_ptr(st));
-        let sk_g = sinks.as_ref().map(|b| b.data.device_ptr(st));
+        let small_g = small_buf.as_ref().map(|b| b.device_ptr(st));
         let addr = |g: &Option<(u64, _)>| g.as_ref().map_or(0, |g| g.0);
         params.q = qa;
         params.set_kv(ka, va);
@@ -63,10 +53,7 @@ impl Backward for Cuda {
         params.lse = la;
         params.bias = addr(&bias_g);
         params.mask = addr(&mask_g);
-        params.q_lens = addr(&ql_g);
-        params.kv_lens = addr(&kl_g);
-        params.alibi = addr(&al_g);
-        params.sinks = addr(&sk_g);
+        small.set(&mut params, addr(&small_g));
 
         let mut dbias = grads.dbias;
         if let Some(db) = dbias.as_deref_mut() {

@@ -27,13 +27,7 @@ impl AttentionMaps for Cuda {
         let (mut mp, (grid, block)) = maps_launch(&self.name(), p, layout)?;
         let st = &self.stream;
         let params = &mut mp.p;
-        let q_lens = o.q_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
-        let kv_lens = o.kv_lens.as_ref().map(|l| self.upload_i32(l)).transpose()?;
-        let alibi = o
-            .alibi_slopes
-            .as_ref()
-            .map(|a| self.upload_f32(a))
-            .transpose()?;
+        let (small, small_buf) = self.upload_small(o)?;
         let batches = self.upload_i32(&layout.batches)?;
         let heads = self.upload_i32(&layout.heads)?;
         let (qa, _g1) = inputs.q.data.device_ptr(st);
@@ -41,9 +35,7 @@ impl AttentionMaps for Cuda {
         let (la, _g3) = lse.data.device_ptr(st);
         let bias_g = inputs.bias.map(|b| b.data.device_ptr(st));
         let mask_g = inputs.mask.map(|m| m.data.device_ptr(st));
-        let ql_g = q_lens.as_ref().map(|b| b.device_ptr(st));
-        let kl_g = kv_lens.as_ref().map(|b| b.device_ptr(st));
-        let al_g = alibi.as_ref().map(|b| b.data.device_ptr(st));
+        let small_g = small_buf.as_ref().map(|b| b.device_ptr(st));
         let (ba, _g4) = batches.device_ptr(st);
         let (ha, _g5) = heads.device_ptr(st);
         let addr = |g: &Option<(u64, _)>| g.as_ref().map_or(0, |g| g.0);
@@ -52,9 +44,7 @@ impl AttentionMaps for Cuda {
         params.lse = la;
         params.bias = addr(&bias_g);
         params.mask = addr(&mask_g);
-        params.q_lens = addr(&ql_g);
-        params.kv_lens = addr(&kl_g);
-        params.alibi = addr(&al_g);
+        small.set(params, addr(&small_g));
         let (ma, _g6) = maps.data.device_ptr_mut(st);
         mp.maps = ma;
         mp.batches = ba;

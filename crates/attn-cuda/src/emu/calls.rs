@@ -2,12 +2,12 @@
 //! the GPU backend's plan (`crate::plan`) launched on poisoned copies of
 //! the buffers, the copies checked and the results copied back.
 
-use super::device::{bytes_of, i32_bytes, store, Dev, Small};
+use super::device::{bytes_of, i32_bytes, store, Dev};
 use super::{blocks_per_sm, Emulator, ARCH, SMEM_OPTIN, SMS};
 use crate::params::{BwdParams, Params};
 use crate::plan::{
     backward_launches, dbias_strides, forward_kernel, linear_launch, maps_launch, supported,
-    supported_backward, ForwardPlan, Geometry3,
+    supported_backward, ForwardPlan, Geometry3, SmallTensors,
 };
 use crate::variant::{Kernel, Variant};
 use attn_spec::{
@@ -61,7 +61,7 @@ impl Backend for Emulator {
             opt("lse", lse.as_deref().map(bytes_of)).map(|d| d.poison_first(4 * rows));
         let mut bias = opt("bias", inputs.bias.map(bytes_of));
         let mut mask = opt("mask", inputs.mask.map(bytes_of));
-        let mut small = Small::new(o);
+        let (small, mut small_dev) = small_tensors(o);
         let mut part = plan
             .partials(problem)
             .map(|(po, pl)| (Dev::unset("part_o", 4 * po), Dev::unset("part_lse", 4 * pl)));
@@ -73,7 +73,7 @@ impl Backend for Emulator {
         params.lse = addr(&mut lse_dev);
         params.bias = addr(&mut bias);
         params.mask = addr(&mut mask);
-        small.set(&mut params);
+        small.set(&mut params, small_dev.as_mut().map_or(0, Dev::addr));
         if let Some((po, pl)) = part.as_mut() {
             params.part_o = po.addr();
             params.part_lse = pl.addr();
@@ -87,7 +87,7 @@ impl Backend for Emulator {
             .chain([&lse_dev, &bias, &mask].map(Option::as_ref))
             .chain(part.iter().flat_map(|(a, b)| [Some(a), Some(b)]))
             .flatten()
-            .chain(small.all());
+            .chain(small_dev.as_ref());
         self.no_overrun(&v, all)?;
         store(out, o_dev.bytes());
         if let (Some(l), Some(d)) = (lse, lse_dev.as_ref()) {
@@ -111,7 +111,7 @@ impl Backward for Emulator {
         let p = problem;
         let s = p.shape;
         let mut params = Params::new(p, 1, s.kv_len.max(1))?;
-        let mut small = Small::new(&p.options);
+        let (small, mut small_dev) = small_tensors(&p.options);
         let lse = forward.lse.expect("checked by check_backward_call");
         let opt = |name, data: Option<&HostData>| data.map(|b| Dev::new(name, &bytes_of(b)));
         let mut q = Dev::new("q", &bytes_of(inputs.q));
@@ -143,7 +143,7 @@ impl Backward for Emulator {
         params.lse = lse.addr();
         params.bias = addr(&mut bias);
         params.mask = addr(&mut mask);
-        small.set(&mut params);
+        small.set(&mut params, small_dev.as_mut().map_or(0, Dev::addr));
         let bp = BwdParams {
             p: params,
             d_out: d_out.addr(),
@@ -164,7 +164,7 @@ impl Backward for Emulator {
         let all = [&q, &k, &vv, &o, &lse, &d_out, &d_rows, &dq, &dk, &dv]
             .into_iter()
             .chain([&bias, &mask, &dbias, &dsinks].into_iter().flatten())
-            .chain(small.all());
+            .chain(small_dev.as_ref());
         if let Some(v) = last {
             self.no_overrun(&v, all)?;
         }
@@ -196,7 +196,7 @@ impl AttentionMaps for Emulator {
         }
         let p = problem;
         let (mut mp, geometry) = maps_launch(&self.name(), p, layout)?;
-        let mut small = Small::new(&p.options);
+        let (small, mut small_dev) = small_tensors(&p.options);
         let opt = |name, data: Option<&HostData>| data.map(|b| Dev::new(name, &bytes_of(b)));
         let mut q = Dev::new("q", &bytes_of(inputs.q));
         let mut k = Dev::new("k", &bytes_of(inputs.k));
@@ -212,9 +212,7 @@ impl AttentionMaps for Emulator {
         mp.p.lse = lse.addr();
         mp.p.bias = addr(&mut bias);
         mp.p.mask = addr(&mut mask);
-        small.set(&mut mp.p);
-        // (The GPU backend passes no sinks: the log-sum-exp holds them.)
-        mp.p.sinks = 0;
+        small.set(&mut mp.p, small_dev.as_mut().map_or(0, Dev::addr));
         mp.maps = out.addr();
         mp.batches = batches.addr();
         mp.heads = heads.addr();
@@ -223,7 +221,7 @@ impl AttentionMaps for Emulator {
         let all = [&q, &k, &lse, &batches, &heads, &out]
             .into_iter()
             .chain([&bias, &mask].into_iter().flatten())
-            .chain(small.all());
+            .chain(small_dev.as_ref());
         self.no_overrun(&v, all)?;
         store(maps, out.bytes());
         Ok(())
@@ -259,4 +257,12 @@ impl attn_spec::Linear for Emulator {
         store(&mut y_host, yd.bytes());
         Ok(y_host)
     }
+}
+
+/// The call's small tensors in one buffer, as the GPU backend uploads
+/// them (none when there are none).
+fn small_tensors(o: &attn_spec::AttnOptions) -> (SmallTensors, Option<Dev>) {
+    let small = SmallTensors::of(o);
+    let dev = (!small.bytes.is_empty()).then(|| Dev::new("small tensors", &small.bytes));
+    (small, dev)
 }

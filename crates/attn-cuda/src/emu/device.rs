@@ -3,9 +3,8 @@
 //! arena), and the poisoned copies of the buffers a kernel sees.
 
 use super::SMEM_OPTIN;
-use crate::params::Params;
 use crate::variant::{Kernel, Variant};
-use attn_spec::{AttnOptions, HostData, View};
+use attn_spec::{HostData, View};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -279,49 +278,10 @@ pub(super) fn store(out: &mut HostData, b: &[u8]) {
     }
 }
 
-pub(super) fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 pub(super) fn i32_bytes(v: &[usize]) -> Vec<u8> {
     v.iter()
         .flat_map(|&x| (x.min(i32::MAX as usize) as i32).to_le_bytes())
         .collect()
-}
-
-/// The per-call small tensors: lengths, ALiBi slopes, sinks.
-pub(super) struct Small {
-    q_lens: Option<Dev>,
-    kv_lens: Option<Dev>,
-    alibi: Option<Dev>,
-    sinks: Option<Dev>,
-}
-
-impl Small {
-    pub(super) fn new(o: &AttnOptions) -> Small {
-        let dev = |name, b: Option<Vec<u8>>| b.map(|b| Dev::new(name, &b));
-        Small {
-            q_lens: dev("q_lens", o.q_lens.as_deref().map(i32_bytes)),
-            kv_lens: dev("kv_lens", o.kv_lens.as_deref().map(i32_bytes)),
-            alibi: dev("alibi", o.alibi_slopes.as_deref().map(f32_bytes)),
-            sinks: dev("sinks", o.sinks.as_deref().map(f32_bytes)),
-        }
-    }
-
-    /// Their addresses into `params` (0 where absent).
-    pub(super) fn set(&mut self, params: &mut Params) {
-        let addr = |d: &mut Option<Dev>| d.as_mut().map_or(0, Dev::addr);
-        params.q_lens = addr(&mut self.q_lens);
-        params.kv_lens = addr(&mut self.kv_lens);
-        params.alibi = addr(&mut self.alibi);
-        params.sinks = addr(&mut self.sinks);
-    }
-
-    pub(super) fn all(&self) -> impl Iterator<Item = &Dev> {
-        [&self.q_lens, &self.kv_lens, &self.alibi, &self.sinks]
-            .into_iter()
-            .flatten()
-    }
 }
 
 #[cfg(test)]

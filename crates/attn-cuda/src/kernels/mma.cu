@@ -5,7 +5,9 @@
 // the group, decoding above all), a block's rows instead pack the group's
 // query heads, query-major (row L: query L / pack, head kvh * pack + L %
 // pack), so the heads that share a K/V head share each K/V tile it loads
-// and the block's warps compute rows that exist. K/V tiles of BLOCK_N keys stream through shared memory; the
+// and fewer rows are padding (a 32:8 decode step: 4 real rows per block
+// instead of 1 in each of 4 blocks; the other 60 are still computed, as
+// every warp takes part in the staging and its barriers). K/V tiles of BLOCK_N keys stream through shared memory; the
 // score tile and the output accumulator live in registers, the online
 // softmax runs on them, and the probabilities are re-packed from the score
 // accumulators into the A operand of P V without touching shared memory.
@@ -253,7 +255,7 @@ attn_mma(const Params p) {
     const int gq = lane >> 2, tq = lane & 3;
     const int b = blockIdx.z / p.num_splits;
     const int split = blockIdx.z % p.num_splits;
-    const int pack = p.pack;
+    const int pack = p.pack > 1 ? p.pack : 1;
     const int kvh = pack > 1 ? (int)blockIdx.y : (int)blockIdx.y / (p.hq / p.hkv);
     // The block's rows: packed row L = row0 + r is query L / pack of
     // head row_head(L) (row_head in this file's header).
