@@ -108,39 +108,24 @@ proptest! {
 /// before the suite's shared context hides its first cause.
 #[test]
 fn smoke() {
-    use attn_conformance::CaseParams;
-    use attn_spec::Shape;
     if let Some((tc, simt)) = gpu() {
         eprintln!("GPU: {tc:?}");
-        let params = |dtype, q_len, kv_len, d| {
-            let mut params = CaseParams::plain(Shape::new(1, 4, 2, q_len, kv_len, d));
-            params.dtype = dtype;
-            params.options = params.options.causal();
-            params
-        };
-        // (1024 keys for one query row: enough for `plan_splits` to split.)
-        let cases = [
-            (DType::F32, 64, 128, 64),
-            (DType::Bf16, 64, 128, 64),
-            (DType::F16, 64, 128, 64),
-            (DType::Bf16, 64, 96, 256),
-            (DType::Bf16, 1, 1024, 64),
-        ];
-        for (dtype, q_len, kv_len, d) in cases {
-            let case = Case::build(params(dtype, q_len, kv_len, d));
+        let (cases, backward) = common::smoke_cases();
+        for params in cases {
+            let case = Case::build(params);
             eprintln!("smoke: {}", case.describe());
             assert_eq!(
                 check_case(tc, &case),
                 Ok(Outcome::Passed),
                 "tensor-core backend"
             );
-            if dtype != DType::F32 {
+            if case.problem.dtype != DType::F32 {
                 assert_eq!(check_case(simt, &case), Ok(Outcome::Passed), "FMA backend");
                 let fast = fast().expect("a GPU");
                 assert_eq!(check_case(fast, &case), Ok(Outcome::Passed), "fast kernel");
             }
         }
-        let bc = BackCase::build(params(DType::Bf16, 64, 128, 64));
+        let bc = BackCase::build(backward);
         eprintln!("smoke: backward {}", bc.case.describe());
         assert_eq!(check_backward(tc, &bc), Ok(Outcome::Passed), "backward");
     }

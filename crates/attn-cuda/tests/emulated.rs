@@ -7,9 +7,9 @@
 //! variant costs a C++ compile of a second or two).
 
 use attn_conformance::backward::{self, check_backward, BackCase};
-use attn_conformance::{case_params, check_case, errors, hand, Case, CaseParams, Outcome};
+use attn_conformance::{case_params, check_case, errors, hand, Case, Outcome};
 use attn_cuda::{Emulator, HalfKernel};
-use attn_spec::{DType, Shape};
+use attn_spec::DType;
 use proptest::prelude::*;
 
 mod common;
@@ -32,26 +32,13 @@ fn emu_cases() -> u32 {
         .unwrap_or(24)
 }
 
-/// The GPU bundle's smoke cases: causal GQA per dtype, head dim 256,
-/// a decode row on the split-KV path.
+/// The GPU bundle's smoke cases (`common::smoke_cases`) on every kernel.
 #[test]
 fn smoke() {
-    let params = |dtype, q_len, kv_len, d| {
-        let mut params = CaseParams::plain(Shape::new(1, 4, 2, q_len, kv_len, d));
-        params.dtype = dtype;
-        params.options = params.options.causal();
-        params
-    };
-    let cases = [
-        (DType::F32, 64, 128, 64),
-        (DType::Bf16, 64, 128, 64),
-        (DType::F16, 64, 128, 64),
-        (DType::Bf16, 64, 96, 256),
-        (DType::Bf16, 1, 1024, 64),
-    ];
+    let (cases, backward) = common::smoke_cases();
     for (name, b) in backends() {
-        for (dtype, q_len, kv_len, d) in cases {
-            let case = Case::build(params(dtype, q_len, kv_len, d));
+        for params in &cases {
+            let case = Case::build(params.clone());
             assert_eq!(
                 check_case(&b, &case),
                 Ok(Outcome::Passed),
@@ -60,7 +47,7 @@ fn smoke() {
             );
         }
     }
-    let bc = BackCase::build(params(DType::Bf16, 64, 128, 64));
+    let bc = BackCase::build(backward);
     assert_eq!(
         check_backward(&Emulator::new(), &bc),
         Ok(Outcome::Passed),

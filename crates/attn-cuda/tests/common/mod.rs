@@ -83,3 +83,33 @@ pub fn linear_matches_f64<B: attn_spec::Linear>(backend: &B) -> Result<(), Strin
     }
     Ok(())
 }
+
+/// The smoke cases the GPU bundle runs first (`smoke` in conformance.rs)
+/// and the emulator runs too: one small causal GQA case per dtype, head
+/// dim 256 (over 48 KB of shared memory: the opt-in), and a decode row
+/// on the split-KV path (1024 keys for one query row: enough for
+/// `plan_splits` to split); then the backward case.
+pub fn smoke_cases() -> (
+    Vec<attn_conformance::CaseParams>,
+    attn_conformance::CaseParams,
+) {
+    use attn_spec::{DType, Shape};
+    let params = |dtype, q_len, kv_len, d| {
+        let mut params = attn_conformance::CaseParams::plain(Shape::new(1, 4, 2, q_len, kv_len, d));
+        params.dtype = dtype;
+        params.options = params.options.causal();
+        params
+    };
+    let forward = [
+        (DType::F32, 64, 128, 64),
+        (DType::Bf16, 64, 128, 64),
+        (DType::F16, 64, 128, 64),
+        (DType::Bf16, 64, 96, 256),
+        (DType::Bf16, 1, 1024, 64),
+    ];
+    let cases = forward
+        .iter()
+        .map(|&(t, q, k, d)| params(t, q, k, d))
+        .collect();
+    (cases, params(DType::Bf16, 64, 128, 64))
+}
