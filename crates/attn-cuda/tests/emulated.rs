@@ -5,6 +5,10 @@
 //! the backward kernels' suite and the attention maps' suite.
 //! Generated cases: `$ATTN_EMU_CASES` (default 24; each new kernel
 //! variant costs a C++ compile of a second or two).
+//!
+//! The emulator's fibers switch stacks in x86-64 assembly: elsewhere this
+//! file compiles to nothing.
+#![cfg(all(target_arch = "x86_64", target_os = "linux"))]
 
 use attn_conformance::backward::{self, check_backward, BackCase};
 use attn_conformance::{case_params, check_case, errors, hand, Case, Outcome};
