@@ -110,6 +110,19 @@ fn main() -> ExitCode {
 
 /// `cargo xtask test`: the README's test command (and CI's).
 fn test(args: &[String]) -> Result<(), String> {
+    // attn-cuda's tests build its kernels for the CPU emulator with the
+    // host's C++ compiler: say so before the long build, not after it.
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let has_cxx = std::process::Command::new(&cxx)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_cxx {
+        return Err(format!(
+            "no C++ compiler `{cxx}` (g++ 12+ or clang 15+; set CXX, or on Debian `apt install g++`): \
+             attn-cuda's tests run its kernels on the CPU emulator"
+        ));
+    }
     let venv = cuda::setup()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = std::process::Command::new(cargo)
