@@ -5,6 +5,7 @@
 mod backward;
 mod maps;
 
+use crate::bytes::{bytes_of, host_of, i32_bytes};
 use crate::cache::Cache;
 use crate::compile::{self, Target};
 use crate::libs;
@@ -148,35 +149,6 @@ fn byte_len(dtype: DType, len: usize) -> Result<usize> {
         .ok_or(AttnError::Overflow {
             what: "buffer size",
         })
-}
-
-fn bytes_of(data: &HostData) -> Vec<u8> {
-    match data {
-        HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        HostData::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-        HostData::Bf16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-        HostData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        HostData::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
-    }
-}
-
-fn host_of(dtype: DType, b: &[u8]) -> HostData {
-    let u16s = || b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
-    match dtype {
-        DType::F32 => HostData::F32(
-            b.chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-        ),
-        DType::F16 => HostData::F16(u16s().map(half::f16::from_bits).collect()),
-        DType::Bf16 => HostData::Bf16(u16s().map(half::bf16::from_bits).collect()),
-        DType::F64 => HostData::F64(
-            b.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                .collect(),
-        ),
-        DType::Bool => HostData::Bool(b.iter().map(|&x| x != 0).collect()),
-    }
 }
 
 impl Cuda {
@@ -395,11 +367,7 @@ impl Cuda {
     }
 
     fn upload_i32(&self, v: &[usize]) -> Result<CudaSlice<u8>> {
-        let b: Vec<u8> = v
-            .iter()
-            .flat_map(|&x| (x.min(i32::MAX as usize) as i32).to_le_bytes())
-            .collect();
-        self.stream.clone_htod(&b).map_err(drv)
+        self.stream.clone_htod(&i32_bytes(v)).map_err(drv)
     }
 
     /// The forward pass on typed device slices that belong to someone
@@ -675,20 +643,6 @@ impl attn_spec::Linear for Cuda {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use half::{bf16, f16};
-
-    #[test]
-    fn host_bytes_round_trip() {
-        for d in [
-            HostData::F32(vec![1.5, -0.0, f32::INFINITY]),
-            HostData::F16(vec![f16::from_f32(0.1), f16::NEG_INFINITY]),
-            HostData::Bf16(vec![bf16::from_f32(-3.25)]),
-            HostData::F64(vec![std::f64::consts::PI]),
-            HostData::Bool(vec![true, false, true]),
-        ] {
-            assert_eq!(host_of(d.dtype(), &bytes_of(&d)), d);
-        }
-    }
 
     /// A module the driver refuses for its code gives `Unsupported` naming
     /// the target, NVRTC's and the driver's versions; other failures are

@@ -30,6 +30,7 @@
 //! Q/K and V head dims, any head dim up to 256 (padded inside the kernel).
 
 mod backend;
+mod bytes;
 pub mod cache;
 pub mod compile;
 pub mod emu;

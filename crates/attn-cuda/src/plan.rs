@@ -4,6 +4,7 @@
 //! backend ([`crate::Cuda`]) and the CPU emulator ([`crate::emu`]), so the
 //! emulator runs the host logic the GPU runs, not a copy of it.
 
+use crate::bytes::i32_bytes;
 use crate::params::{
     combine_geometry, forward_geometry, plan_splits, LinParams, MapsParams, Params,
 };
@@ -401,15 +402,10 @@ pub struct SmallTensors {
 impl SmallTensors {
     /// The small tensors of options `o`.
     pub fn of(o: &AttnOptions) -> Self {
-        let i32s = |v: &[usize]| -> Vec<u8> {
-            v.iter()
-                .flat_map(|&x| (x.min(i32::MAX as usize) as i32).to_le_bytes())
-                .collect()
-        };
         let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
         let parts = [
-            o.q_lens.as_deref().map(i32s),
-            o.kv_lens.as_deref().map(i32s),
+            o.q_lens.as_deref().map(i32_bytes),
+            o.kv_lens.as_deref().map(i32_bytes),
             o.alibi_slopes.as_deref().map(f32s),
             o.sinks.as_deref().map(f32s),
         ];

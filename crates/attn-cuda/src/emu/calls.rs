@@ -2,8 +2,9 @@
 //! the GPU backend's plan (`crate::plan`) launched on poisoned copies of
 //! the buffers, the copies checked and the results copied back.
 
-use super::device::{bytes_of, i32_bytes, store, Dev};
+use super::device::{store, Dev};
 use super::{blocks_per_sm, Emulator, ARCH, SMEM_OPTIN, SMS};
+use crate::bytes::{bytes_of, i32_bytes};
 use crate::params::{BwdParams, Params};
 use crate::plan::{
     backward_launches, dbias_strides, forward_kernel, linear_launch, maps_launch, supported,
@@ -133,7 +134,7 @@ impl Backward for Emulator {
         let mut dbias = grads
             .dbias
             .as_deref()
-            .map(|b| Dev::new("dbias", &vec![0u8; bytes_of(b).len()]));
+            .map(|b| Dev::new("dbias", &vec![0u8; b.len() * b.dtype().size_bytes()]));
         let mut dsinks =
             opt("dsinks", grads.dsinks.as_deref()).map(|d| d.poison_first(4 * s.q_heads));
         let addr = |d: &mut Option<Dev>| d.as_mut().map_or(0, Dev::addr);

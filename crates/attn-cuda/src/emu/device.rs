@@ -3,6 +3,7 @@
 //! arena), and the poisoned copies of the buffers a kernel sees.
 
 use super::SMEM_OPTIN;
+use crate::bytes::host_of;
 use crate::variant::{Kernel, Variant};
 use attn_spec::{HostData, View};
 use std::path::PathBuf;
@@ -237,51 +238,10 @@ impl Dev {
     }
 }
 
-pub(super) fn bytes_of(data: &HostData) -> Vec<u8> {
-    match data {
-        HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        HostData::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-        HostData::Bf16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-        HostData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        HostData::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
-    }
-}
-
-/// `out`'s elements from `b` (the bytes of `out`'s type).
+/// `out`'s elements from `b`, a buffer's bytes (of `out`'s type; an
+/// empty buffer's one byte ignored).
 pub(super) fn store(out: &mut HostData, b: &[u8]) {
-    match out {
-        HostData::F32(v) => {
-            for (x, c) in v.iter_mut().zip(b.chunks_exact(4)) {
-                *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        HostData::F16(v) => {
-            for (x, c) in v.iter_mut().zip(b.chunks_exact(2)) {
-                *x = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
-            }
-        }
-        HostData::Bf16(v) => {
-            for (x, c) in v.iter_mut().zip(b.chunks_exact(2)) {
-                *x = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]]));
-            }
-        }
-        HostData::F64(v) => {
-            for (x, c) in v.iter_mut().zip(b.chunks_exact(8)) {
-                *x = f64::from_le_bytes(c.try_into().expect("8 bytes"));
-            }
-        }
-        HostData::Bool(v) => {
-            for (x, &c) in v.iter_mut().zip(b) {
-                *x = c != 0;
-            }
-        }
-    }
-}
-
-pub(super) fn i32_bytes(v: &[usize]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|&x| (x.min(i32::MAX as usize) as i32).to_le_bytes())
-        .collect()
+    *out = host_of(out.dtype(), &b[..out.len() * out.dtype().size_bytes()]);
 }
 
 #[cfg(test)]
