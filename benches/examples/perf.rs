@@ -5,7 +5,7 @@
 //! `BIAS` (an f32 additive bias of shape (batch, heads, q_len, kv_len)),
 //! `MASK` (a boolean mask of shape (batch, 1, q_len, kv_len), broadcast
 //! over the heads),
-//! `NO_PEAK`, `BW` (also measure the triad bandwidth), `BWD` (also time
+//! `NO_PEAK`, `BW` (also measure the triad and read bandwidths), `BWD` (also time
 //! the backward pass, counted as 2.5x the forward's FLOPs), `DTYPE`
 //! (`f32`, `f16` or `bf16`: the same cases in another element type).
 
@@ -29,8 +29,9 @@ fn main() {
     println!("FMA peak for {threads} thread(s): {peak:.0} GFLOP/s");
     if std::env::var_os("BW").is_some() {
         println!(
-            "triad bandwidth: {:.1} GB/s",
-            attn_benches::machine::triad_bandwidth(threads)
+            "triad bandwidth: {:.1} GB/s, read bandwidth: {:.1} GB/s",
+            attn_benches::machine::triad_bandwidth(threads),
+            attn_benches::machine::read_bandwidth(threads)
         );
     }
     let cpu = attn_cpu::Cpu::with_threads(threads).unwrap();
