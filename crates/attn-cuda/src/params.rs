@@ -325,7 +325,7 @@ pub fn forward_geometry(
     pack: usize,
 ) -> ((u32, u32, u32), u32) {
     let s = p.shape;
-    let rows = v.kernel.rows_per_block();
+    let rows = v.rows_per_block();
     let pack = pack.max(1);
     let grid = (
         (s.q_len * pack).div_ceil(rows).max(1) as u32,

@@ -135,7 +135,7 @@ impl ForwardPlan {
     /// grid's z axis (batch x splits) would pass 65535.
     pub fn new(problem: &Problem, v: Variant, slots: usize) -> Result<Self> {
         let s = problem.shape;
-        let rows = v.kernel.rows_per_block();
+        let rows = v.rows_per_block();
         let group = s.q_heads / s.kv_heads.max(1);
         let tensor_cores = matches!(v.kernel, Kernel::Mma | Kernel::MmaFast);
         let pack = if tensor_cores && group > 1 && s.q_len < rows {
@@ -151,6 +151,7 @@ impl ForwardPlan {
         let combine = (splits > 1).then(|| {
             let cv = Variant {
                 kernel: Kernel::Combine,
+                key_split: false,
                 ..v
             };
             (cv, combine_geometry(problem))
@@ -342,15 +343,24 @@ mod tests {
     #[test]
     fn decoding_packs_the_group_into_a_block() {
         // A decode step, 32 query heads on 8 K/V heads, 32k keys: 8 blocks
-        // of 4 packed rows each, then split over the keys.
+        // of 4 packed rows each, in the 16-row key-split shape, then split
+        // over the keys.
         let d = plan(Kernel::Mma, Shape::new(1, 32, 8, 1, 32768, 128));
         assert_eq!((d.pack, d.params.pack), (4, 4));
+        assert!(d.variant.key_split && d.variant.rows_per_block() == 16);
         let ((x, y, z), _) = d.geometry;
         assert_eq!((x, y, z), (1, 8, d.splits as u32));
         assert!(d.splits > 1 && d.combine.is_some());
         // 40 queries x 4 heads: 160 packed rows, 3 blocks per K/V head.
         let f = plan(Kernel::MmaFast, Shape::new(2, 8, 2, 40, 100, 64));
         assert_eq!((f.pack, f.geometry.0), (4, (3, 2, 2)));
+        assert!(!f.variant.key_split);
+        // 3 queries x 4 heads: 12 rows, one 16-row block per K/V head.
+        let g = plan(Kernel::MmaFast, Shape::new(1, 8, 2, 3, 100, 64));
+        assert_eq!(
+            (g.pack, g.geometry.0, g.variant.key_split),
+            (4, (1, 2, 1), true)
+        );
         for (k, shape) in [
             (Kernel::Mma, Shape::new(1, 32, 8, 64, 512, 128)),
             (Kernel::Mma, Shape::new(1, 8, 8, 1, 4096, 64)),

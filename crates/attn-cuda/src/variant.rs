@@ -122,7 +122,16 @@ pub struct Variant {
     pub dv: usize,
     /// Compute capability, e.g. `(9, 0)`.
     pub arch: (u32, u32),
+    /// The tensor-core kernel's decode shape (`KEY_SPLIT` in `mma.cu`):
+    /// the block's warps share [`KEY_SPLIT_ROWS`] query rows and split each
+    /// key tile between them, for problems whose blocks need no more rows
+    /// (see [`Variant::for_problem`]).
+    pub key_split: bool,
 }
+
+/// Rows of a block of the tensor-core kernel under `key_split`: one warp's
+/// m-tile of 16.
+pub const KEY_SPLIT_ROWS: usize = 16;
 
 /// `x` rounded up to a multiple of `unit`.
 pub fn pad(x: usize, unit: usize) -> usize {
@@ -139,9 +148,17 @@ fn elem_code(d: DType) -> u32 {
 
 impl Variant {
     /// The variant of `kernel` that computes `problem` on `arch`.
+    ///
+    /// The tensor-core kernels split keys between a block's warps
+    /// (`key_split`) when a block needs at most [`KEY_SPLIT_ROWS`] rows:
+    /// `q_len` times the GQA group, which [`crate::plan::ForwardPlan`] packs
+    /// into one block below 64 query rows (decoding: a 32:8 step has 4
+    /// rows), and when each warp's quarter of a key tile is a whole k-step
+    /// of 16 keys (`block_n` 64).
     pub fn for_problem(kernel: Kernel, problem: &Problem, arch: (u32, u32)) -> Self {
         let o = &problem.options;
-        Variant {
+        let s = problem.shape;
+        let mut v = Variant {
             kernel,
             elem: problem.dtype,
             bias: problem.bias.map(|b| b.dtype),
@@ -150,9 +167,23 @@ impl Variant {
             softcap: o.softcap.is_some(),
             alibi: o.alibi_slopes.is_some(),
             sinks: o.sinks.is_some(),
-            dqk: problem.shape.head_dim_qk,
-            dv: problem.shape.head_dim_v,
+            dqk: s.head_dim_qk,
+            dv: s.head_dim_v,
             arch,
+            key_split: false,
+        };
+        let group = s.q_heads / s.kv_heads.max(1);
+        v.key_split = matches!(kernel, Kernel::Mma | Kernel::MmaFast)
+            && s.q_len * group.max(1) <= KEY_SPLIT_ROWS
+            && v.block_n() == 64;
+        v
+    }
+
+    /// Query rows per block of this variant's kernel.
+    pub fn rows_per_block(&self) -> usize {
+        match self.key_split {
+            true => KEY_SPLIT_ROWS,
+            false => self.kernel.rows_per_block(),
         }
     }
 
@@ -170,6 +201,7 @@ impl Variant {
             dqk: 1,
             dv: 1,
             arch,
+            key_split: false,
         }
     }
 
@@ -206,9 +238,10 @@ impl Variant {
         let (dq, dv) = (self.dqk_pad(), self.dv_pad());
         match self.kernel {
             Kernel::Mma | Kernel::MmaFast => {
-                // Q, then two stages of K and V.
+                // Q, then two stages of K and V (which the key split's
+                // merge reuses).
                 let bn = self.block_n();
-                2 * (64 * (dq + 8) + 2 * (bn * (dq + 8) + bn * (dv + 8)))
+                2 * (self.rows_per_block() * (dq + 8) + 2 * (bn * (dq + 8) + bn * (dv + 8)))
             }
             Kernel::Simt => 4 * (32 * (dq + 1) + 32 * (dv + 1) + 8 * dq),
             Kernel::BwdDq => 4 * (32 * (dq + 1) + 32 * (dv + 1) + 8 * dq + 8 * dv),
@@ -242,6 +275,7 @@ impl Variant {
             ("BLOCK_N", self.block_n()),
             ("FAST", b(self.kernel == Kernel::MmaFast) as usize),
             ("BASE2", b(self.base2()) as usize),
+            ("KEY_SPLIT", b(self.key_split) as usize),
         ] {
             s.push_str(&format!("#define {k} {v}\n"));
         }
@@ -271,6 +305,9 @@ impl Variant {
         let mut f = Vec::new();
         if self.kernel == Kernel::MmaFast {
             f.push("fast".to_string());
+        }
+        if self.key_split {
+            f.push("key-split".to_string());
         }
         if let Some(b) = self.bias {
             f.push(format!("bias:{b}"));
@@ -360,7 +397,7 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
             });
             for &(dqk, dv) in pairs {
                 for all in [false, true] {
-                    out.push(Variant {
+                    let v = Variant {
                         kernel,
                         elem,
                         bias: all.then_some(DType::F32),
@@ -372,7 +409,16 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
                         dqk,
                         dv,
                         arch,
-                    });
+                        key_split: false,
+                    };
+                    out.push(v);
+                    // The decode shape, where the tiles allow it.
+                    if matches!(kernel, Kernel::Mma | Kernel::MmaFast) && v.block_n() == 64 {
+                        out.push(Variant {
+                            key_split: true,
+                            ..v
+                        });
+                    }
                 }
             }
         }
@@ -393,6 +439,11 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
                 dqk,
                 dv,
                 arch,
+                key_split: false,
+            });
+            out.push(Variant {
+                key_split: true,
+                ..out[out.len() - 1]
             });
         }
     }
@@ -437,7 +488,7 @@ mod tests {
         let shape = Shape::new(2, 4, 2, 100, 300, 64);
         let a = Problem::new(shape, DType::Bf16).with_options(AttnOptions::default().causal());
         // Other lengths, batch, heads, scale and window sizes: same code.
-        let b = Problem::new(Shape::new(3, 8, 8, 7, 5000, 64), DType::Bf16).with_options(
+        let b = Problem::new(Shape::new(3, 8, 8, 70, 5000, 64), DType::Bf16).with_options(
             AttnOptions::default()
                 .window(Some(3), Some(9))
                 .scale(0.5)
@@ -449,6 +500,28 @@ mod tests {
         );
         assert_eq!(va, vb);
         assert_eq!(va.source(), vb.source());
+        // Blocks of at most 16 rows (query rows x GQA group): the decode
+        // shape, whose warps split the keys; not where a tile's quarter is
+        // under 16 keys (V's head dim over 128) or the rows are more.
+        let decode = |q_heads, q_len, dv| {
+            let s = Shape::new(1, q_heads, 2, q_len, 5000, 64).with_head_dim_v(dv);
+            Variant::for_problem(Kernel::Mma, &Problem::new(s, DType::Bf16), (9, 0))
+        };
+        let vs = decode(8, 1, 64);
+        assert!(vs.key_split && vs.defines().contains("#define KEY_SPLIT 1\n"));
+        assert_eq!((vs.rows_per_block(), va.rows_per_block()), (16, 64));
+        assert!(va.defines().contains("#define KEY_SPLIT 0\n"));
+        assert!(decode(2, 16, 64).key_split && decode(8, 4, 128).key_split);
+        assert!(!decode(8, 5, 64).key_split && !decode(2, 17, 64).key_split);
+        assert!(!decode(8, 1, 200).key_split && !decode(64, 1, 64).key_split);
+        assert!(
+            !Variant::for_problem(
+                Kernel::Simt,
+                &Problem::new(Shape::new(1, 8, 2, 1, 50, 64), DType::Bf16),
+                (9, 0)
+            )
+            .key_split
+        );
         // A different dtype, head dim, option or arch: a different module.
         let c = Problem::new(shape, DType::F16).with_options(AttnOptions::default().causal());
         assert_ne!(va, Variant::for_problem(Kernel::Mma, &c, (9, 0)));

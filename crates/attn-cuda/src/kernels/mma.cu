@@ -6,8 +6,9 @@
 // query heads, query-major (row L: query L / pack, head kvh * pack + L %
 // pack), so the heads that share a K/V head share each K/V tile it loads
 // and fewer rows are padding (a 32:8 decode step: 4 real rows per block
-// instead of 1 in each of 4 blocks; the other 60 are still computed, as
-// every warp takes part in the staging and its barriers). K/V tiles of BLOCK_N keys stream through shared memory; the
+// instead of 1 in each of 4 blocks); where a block needs at most 16 rows,
+// its warps share them and split the keys instead (KEY_SPLIT below), so a
+// decode step computes 16 rows per key, not 64. K/V tiles of BLOCK_N keys stream through shared memory; the
 // score tile and the output accumulator live in registers, the online
 // softmax runs on them, and the probabilities are re-packed from the score
 // accumulators into the A operand of P V without touching shared memory.
@@ -49,6 +50,19 @@
 // they already spend, and the conversion to base 2 would be a seventh.
 
 #define MMA_WARPS 4
+// KEY_SPLIT (`Variant::key_split`, set by the host when a problem needs at
+// most 16 rows per block: decoding): the block's warps share its 16 rows
+// instead of taking 16 each, and each warp takes WKEYS = BLOCK_N / 4 keys
+// of every K/V tile, with its own softmax state; the warps' states merge
+// through shared memory at the end. A decode step then computes 16 rows
+// per key instead of 64 (a 32:8 step has 4 real rows), with the same 128
+// threads staging each tile.
+#if KEY_SPLIT
+#define KSPLIT MMA_WARPS
+#else
+#define KSPLIT 1
+#endif
+#define WKEYS (BLOCK_N / KSPLIT)
 #if FAST && DQK_PAD <= 128
 #define Q_IN_REGS 1
 #else
@@ -57,7 +71,7 @@
 // BASE2 is set by the host (`Variant::base2`).
 #define LOG2E_F 1.4426950408889634f
 #define LN2_F 0.6931471805599453f
-#define BM (16 * MMA_WARPS)
+#define BM (16 * MMA_WARPS / KSPLIT)
 #define QSTR (DQK_PAD + 8)
 #define KSTR (DQK_PAD + 8)
 #define VSTR (DV_PAD + 8)
@@ -245,13 +259,22 @@ __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
-attn_mma(const Params p) {
+// Under KEY_SPLIT, "at least one block per multiprocessor", which every
+// launch meets anyway: without it ptxas held some decode variants to 80
+// registers and spilled 8 bytes (cuda-check), whichever other code changed.
+#if KEY_SPLIT
+#define MMA_BOUNDS __launch_bounds__(MMA_WARPS * 32, 1)
+#else
+#define MMA_BOUNDS __launch_bounds__(MMA_WARPS * 32)
+#endif
+extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
     DYNAMIC_SMEM(unsigned char, smem_raw);
     u16* Qs = (u16*)smem_raw;          // [BM][QSTR]
     u16* st0 = Qs + BM * QSTR;         // two stages of K [BLOCK_N][KSTR], V [BLOCK_N][VSTR]
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // The warp's first row in the block, and its first key in each tile.
+    const int wrow = (warp / KSPLIT) * 16, koff = (warp % KSPLIT) * WKEYS;
     const int gq = lane >> 2, tq = lane & 3;
     const int b = blockIdx.z / p.num_splits;
     const int split = blockIdx.z % p.num_splits;
@@ -280,17 +303,18 @@ attn_mma(const Params p) {
     // g + 8; their queries, and their heads (HEAD(r), recomputed where
     // needed rather than held in registers across the loop).
     int rows[2], lo[2], hi[2];
-#define HEAD(r) row_head(row0 + warp * 16 + gq + 8 * (r), pack, kvh)
+#define HEAD(r) row_head(row0 + wrow + gq + 8 * (r), pack, kvh)
     float mr[2], lr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        rows[r] = (row0 + warp * 16 + gq + 8 * r) / pack;
+        rows[r] = (row0 + wrow + gq + 8 * r) / pack;
         key_range(p, m, rows[r], &lo[r], &hi[r]);
         mr[r] = NEG_INF;
         lr[r] = 0.0f;
 #if HAS_SINKS
-        // The sink is one virtual key: counted once per row (by t == 0).
-        if (p.num_splits == 1 && rows[r] < m.ql) {
+        // The sink is one virtual key: counted once per row (by t == 0,
+        // in the first warp of the row's key split).
+        if (p.num_splits == 1 && rows[r] < m.ql && warp % KSPLIT == 0) {
 #if BASE2
             mr[r] = p.sinks[HEAD(r)] * LOG2E_F;
 #else
@@ -320,7 +344,7 @@ attn_mma(const Params p) {
     u32 qf[DQK_PAD / 16][4];
 #pragma unroll
     for (int kk = 0; kk < DQK_PAD / 16; ++kk) {
-        const u16* qw = Qs + (warp * 16) * QSTR;
+        const u16* qw = Qs + wrow * QSTR;
         const int c = kk * 16 + 2 * tq;
         qf[kk][0] = ld32(qw + gq * QSTR + c);
         qf[kk][1] = ld32(qw + (gq + 8) * QSTR + c);
@@ -349,12 +373,12 @@ attn_mma(const Params p) {
         }
         __syncthreads();  // every thread's copies (and Q) are visible
 
-        // S = Q K^T for the warp's 16 rows and the tile's BLOCK_N keys.
-        float s[BLOCK_N / 8][4];
+        // S = Q K^T for the warp's 16 rows and its WKEYS keys of the tile.
+        float s[WKEYS / 8][4];
 #pragma unroll
-        for (int n = 0; n < BLOCK_N / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int n = 0; n < WKEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #if !Q_IN_REGS
-        const u16* qw = Qs + (warp * 16) * QSTR;
+        const u16* qw = Qs + wrow * QSTR;
 #endif
 #pragma unroll
         for (int kk = 0; kk < DQK_PAD / 16; ++kk) {
@@ -371,9 +395,9 @@ attn_mma(const Params p) {
             // K's B fragments of two n-tiles by one ldmatrix.x4: lanes
             // 0-7 address keys n*8.. at dims kk*16.., lanes 8-15 the same
             // keys at kk*16+8.., lanes 16-31 the same for keys (n+1)*8...
-            const u16* kx = Ks + ldm_key * KSTR + kk * 16 + ldm_col;
+            const u16* kx = Ks + (koff + ldm_key) * KSTR + kk * 16 + ldm_col;
 #pragma unroll
-            for (int n = 0; n < BLOCK_N / 8; n += 2) {
+            for (int n = 0; n < WKEYS / 8; n += 2) {
                 u32 b[4];
                 ldmatrix_x4(kx + n * 8 * KSTR, b);
                 mma16816(s[n], a0, a1, a2, a3, b[0], b[1]);
@@ -381,8 +405,8 @@ attn_mma(const Params p) {
             }
 #else
 #pragma unroll
-            for (int n = 0; n < BLOCK_N / 8; ++n) {
-                const u16* kr = Ks + (n * 8 + gq) * KSTR + c;
+            for (int n = 0; n < WKEYS / 8; ++n) {
+                const u16* kr = Ks + (koff + n * 8 + gq) * KSTR + c;
                 mma16816(s[n], a0, a1, a2, a3, ld32(kr), ld32(kr + 8));
             }
 #endif
@@ -398,10 +422,10 @@ attn_mma(const Params p) {
             const bool full = t0 >= lo[r] && t0 + BLOCK_N <= hi[r] && t0 + BLOCK_N <= bhi;
 #endif
 #pragma unroll
-            for (int n = 0; n < BLOCK_N / 8; ++n) {
+            for (int n = 0; n < WKEYS / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const int j = t0 + n * 8 + 2 * tq + e;
+                    const int j = t0 + koff + n * 8 + 2 * tq + e;
 #if BASE2 && !HAS_MASK
                     float x = full ? s[n][2 * r + e] * scale2
                           : j < bhi ? score2(p, b, HEAD(r), rows[r], j, lo[r], hi[r], s[n][2 * r + e],
@@ -428,7 +452,7 @@ attn_mma(const Params p) {
             mr[r] = mnew;
             float sum = 0.0f;
 #pragma unroll
-            for (int n = 0; n < BLOCK_N / 8; ++n) {
+            for (int n = 0; n < WKEYS / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     float pe = EXP(s[n][2 * r + e] - mu);
@@ -447,14 +471,14 @@ attn_mma(const Params p) {
         // O += P V: the score accumulators of key tiles 2kk and 2kk+1 are
         // exactly the A fragment of k-step kk.
 #pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+        for (int kk = 0; kk < WKEYS / 16; ++kk) {
             u32 a0 = pack2(s[2 * kk][0], s[2 * kk][1]);
             u32 a1 = pack2(s[2 * kk][2], s[2 * kk][3]);
             u32 a2 = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             u32 a3 = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             // Lanes 0-15 address keys kk*16 + (lane % 16); the column block
             // moves with n.
-            const u16* vrow = Vs + (kk * 16 + (lane & 15)) * VSTR;
+            const u16* vrow = Vs + (koff + kk * 16 + (lane & 15)) * VSTR;
 #pragma unroll
             for (int n = 0; n < DV_PAD / 8; ++n) {
                 u32 b0, b1;
@@ -471,6 +495,52 @@ attn_mma(const Params p) {
         lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 1);
         lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 2);
     }
+#if KSPLIT > 1
+    // The key split's merge: warps 1.. leave their states in the stages'
+    // memory (free since the loop's last barrier), each value at [slot][lane]
+    // so the first warp's lanes read their own rows' values; the first warp
+    // folds them into its own as the online softmax folds a tile, then
+    // writes the rows.
+    {
+        constexpr int SLOTS = DV_PAD / 8 * 4 + 4;
+        static_assert((KSPLIT - 1) * SLOTS * 32 * 4 <= 2 * STAGE * 2,
+                      "the merge fits in the stages");
+        float* red = (float*)st0;
+        const int kw = warp % KSPLIT;
+        if (kw > 0) {
+            float* mine = red + (kw - 1) * SLOTS * 32 + lane;
+#pragma unroll
+            for (int n = 0; n < DV_PAD / 8; ++n) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) mine[(n * 4 + c) * 32] = o[n][c];
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mine[(SLOTS - 4 + r) * 32] = mr[r];
+                mine[(SLOTS - 2 + r) * 32] = lr[r];
+            }
+        }
+        __syncthreads();
+        if (kw > 0) return;
+        for (int w = 1; w < KSPLIT; ++w) {
+            const float* th = red + (w - 1) * SLOTS * 32 + lane;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float m2 = th[(SLOTS - 4 + r) * 32], l2 = th[(SLOTS - 2 + r) * 32];
+                const float mnew = fmaxf(mr[r], m2);
+                const float mu = mnew == NEG_INF ? 0.0f : mnew;
+                const float a1 = EXP(mr[r] - mu), a2 = EXP(m2 - mu);
+                lr[r] = lr[r] * a1 + l2 * a2;
+#pragma unroll
+                for (int n = 0; n < DV_PAD / 8; ++n) {
+                    o[n][2 * r] = o[n][2 * r] * a1 + th[(n * 4 + 2 * r) * 32] * a2;
+                    o[n][2 * r + 1] = o[n][2 * r + 1] * a1 + th[(n * 4 + 2 * r + 1) * 32] * a2;
+                }
+                mr[r] = mnew;
+            }
+        }
+    }
+#endif
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = rows[r], h = HEAD(r);
