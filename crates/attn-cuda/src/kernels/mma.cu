@@ -8,10 +8,11 @@
 // and fewer rows are padding (a 32:8 decode step: 4 real rows per block
 // instead of 1 in each of 4 blocks); where a block needs at most 16 rows,
 // its warps share them and split the keys instead (KEY_SPLIT below), so a
-// decode step computes 16 rows per key, not 64. K/V tiles of BLOCK_N keys stream through shared memory; the
-// score tile and the output accumulator live in registers, the online
-// softmax runs on them, and the probabilities are re-packed from the score
-// accumulators into the A operand of P V without touching shared memory.
+// decode step computes 16 rows per key, not 64. K/V tiles of BLOCK_N keys
+// stream through shared memory; the score tile and the output accumulator
+// live in registers, the online softmax runs on them, and the
+// probabilities are re-packed from the score accumulators into the A
+// operand of P V without touching shared memory.
 //
 // Fragment layouts of m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"),
 // with g = lane / 4 and t = lane % 4:
