@@ -6,7 +6,7 @@ use super::SMEM_OPTIN;
 use crate::bytes::host_of;
 use crate::variant::{Kernel, Variant};
 use attn_spec::{HostData, View};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 const HEADER: &str = include_str!("../kernels/emu.h");
@@ -124,12 +124,13 @@ pub(super) fn build(v: &Variant) -> std::result::Result<PathBuf, String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let key = fnv1a(format!("{cxx} {flags:?}\n{source}").as_bytes());
     let path = dir.join(format!("{key:016x}.so"));
-    if path.exists() {
-        return Ok(path);
-    }
     // The source stays beside the library: a sanitizer's report names
     // its lines.
     let src = dir.join(format!("{key:016x}.cc"));
+    if path.exists() {
+        touch(&[&path, &src]);
+        return Ok(path);
+    }
     static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let pid = std::process::id();
@@ -155,7 +156,50 @@ pub(super) fn build(v: &Variant) -> std::result::Result<PathBuf, String> {
     }
     // Another process may have won the race: either copy will do.
     std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // Every change to a kernel's source makes new entries (about 150 for
+    // the test suite), so each build clears out those unused for a week.
+    prune(&dir, KEEP, std::time::SystemTime::now());
     Ok(path)
+}
+
+/// How long a cached library and its source stay after their last use.
+const KEEP: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Marks cache entries as used now (their modification time), so that
+/// [`prune`] keeps them. Best effort.
+fn touch(paths: &[&Path]) {
+    let now = std::time::SystemTime::now();
+    for p in paths {
+        if let Ok(f) = std::fs::File::open(p) {
+            let _ = f.set_modified(now);
+        }
+    }
+}
+
+/// Removes the files of the cache directory `dir` unused for longer than
+/// `keep` at `now`: libraries, sources, and temporaries a failed build
+/// left. Best effort: an entry that another process removes first, or
+/// that cannot be removed, is skipped. A process that found an entry just
+/// before it went loads it again after a rebuild (`Emulator::library`).
+/// Returns how many it removed.
+fn prune(dir: &Path, keep: std::time::Duration, now: std::time::SystemTime) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let stale = e
+            .metadata()
+            .ok()
+            .filter(|m| m.is_file())
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| now.duration_since(t).ok())
+            .is_some_and(|age| age > keep);
+        if stale && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// FNV-1a, 64 bits: a stable name for a compiled source.
@@ -262,6 +306,32 @@ mod tests {
         assert!(u.bytes().iter().all(|&b| b == 0xff));
         u.mem[u.start - 1] = 1;
         assert_eq!(u.overrun(), Some("y"));
+    }
+
+    /// Pruning removes the files unused for longer than the limit and
+    /// keeps the rest; a lookup marks an entry as used.
+    #[test]
+    fn the_cache_keeps_what_was_used_this_week() {
+        let dir = std::env::temp_dir().join(format!("attn-emu-prune-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let now = std::time::SystemTime::now();
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let file = |name: &str, age_days: u32| {
+            let p = dir.join(name);
+            std::fs::write(&p, b"x").unwrap();
+            let f = std::fs::File::open(&p).unwrap();
+            f.set_modified(now - day * age_days).unwrap();
+            p
+        };
+        let old = file("a.so", 8);
+        let fresh = file("b.so", 6);
+        let used = file("c.cc", 30);
+        touch(&[&used]);
+        assert_eq!(prune(&dir, KEEP, now + day / 24), 1);
+        assert!(!old.exists() && fresh.exists() && used.exists() && dir.join("sub").is_dir());
+        assert_eq!(prune(&dir, KEEP, now + day * 7), 1);
+        assert!(!fresh.exists() && used.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Poison covers a view's elements and nothing else.

@@ -20,7 +20,8 @@
 //! the padding is an error naming the buffer, and a read of it brings NaN
 //! into the results. Slow (a few milliseconds per block): for small cases.
 //! Each variant is compiled once per machine, cached under the system's
-//! temporary directory.
+//! temporary directory (`attn-emu/`), where entries unused for a week are
+//! removed whenever a variant is built.
 
 mod calls;
 mod device;
@@ -93,12 +94,19 @@ impl Emulator {
         libraries().get_or_build(
             v,
             || {
-                let path = build(v).map_err(|e| self.err(e))?;
-                // SAFETY: the library is our own compiled kernel source,
-                // whose initialisers only zero its globals.
-                let lib = unsafe { libloading::Library::new(&path) }
-                    .map_err(|e| self.err(format!("loading {}: {e}", path.display())))?;
-                Ok(Arc::new(lib))
+                // A library that another process's pruning removed
+                // between the lookup and the load is built again, once.
+                let mut tries = 0;
+                loop {
+                    let path = build(v).map_err(|e| self.err(e))?;
+                    // SAFETY: the library is our own compiled kernel
+                    // source, whose initialisers only zero its globals.
+                    match unsafe { libloading::Library::new(&path) } {
+                        Ok(lib) => return Ok(Arc::new(lib)),
+                        Err(_) if tries == 0 && !path.exists() => tries += 1,
+                        Err(e) => return Err(self.err(format!("loading {}: {e}", path.display()))),
+                    }
+                }
             },
             |_| self.err("the kernel cache's lock is poisoned".into()),
         )
