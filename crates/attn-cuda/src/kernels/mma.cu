@@ -1,8 +1,9 @@
 // attn_mma: FlashAttention-2's forward on tensor cores for f16/bf16
 // (ELEM 1 or 2): `mma.sync.m16n8k16` with f32 accumulation. A block of
 // MMA_WARPS warps owns BM = 16 * MMA_WARPS query rows of one head; each warp
-// owns 16 rows. With fewer query rows than BM and GQA (`Params::pack` =
-// the group, decoding above all), a block's rows instead pack the group's
+// owns 16 rows (under KEY_SPLIT, below: BM = 16, shared by the warps).
+// With fewer query rows than BM and GQA (`Params::pack` = the group,
+// decoding above all), a block's rows instead pack the group's
 // query heads, query-major (row L: query L / pack, head kvh * pack + L %
 // pack), so the heads that share a K/V head share each K/V tile it loads
 // and fewer rows are padding (a 32:8 decode step: 4 real rows per block
@@ -64,6 +65,9 @@
 #define KSPLIT 1
 #endif
 #define WKEYS (BLOCK_N / KSPLIT)
+// A warp's keys are whole k-steps of P V (the host asks for KEY_SPLIT only
+// with 64-key tiles).
+static_assert(WKEYS % 16 == 0, "each warp's keys of a tile are whole k-steps");
 #if FAST && DQK_PAD <= 128
 #define Q_IN_REGS 1
 #else
