@@ -79,6 +79,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tc = Cuda::first()?;
     let simt = Cuda::first()?.with_half_kernel(HalfKernel::Simt)?;
     let fast = Cuda::first()?.with_half_kernel(HalfKernel::TensorCoreFast)?;
+    // Decoding without the key split (64-row blocks), to compare.
+    let whole = Cuda::first()?.with_decode_key_split(false);
     eprintln!(
         "attn-cuda on {} (sm_{}{}, {} SMs)",
         tc.device_name(),
@@ -95,6 +97,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let p = Problem::new(shape, dtype).with_options(opts);
         let kernels: &[(&str, &Cuda)] = if dtype == DType::F32 {
             &[("simt", &simt)]
+        } else if name == "decode" {
+            &[
+                ("mma", &tc),
+                ("mma-fast", &fast),
+                ("mma-64rows", &whole),
+                ("simt", &simt),
+            ]
         } else {
             &[("mma", &tc), ("mma-fast", &fast), ("simt", &simt)]
         };

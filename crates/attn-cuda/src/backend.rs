@@ -10,9 +10,9 @@ use crate::cache::Cache;
 use crate::compile::{self, Target};
 use crate::libs;
 use crate::plan::{
-    forward_kernel, linear_launch, supported, ForwardPlan, HalfKernel, SmallTensors,
+    forward_variant, linear_launch, supported, ForwardPlan, HalfKernel, SmallTensors,
 };
-use crate::variant::{Kernel, Variant};
+use crate::variant::Variant;
 use attn_spec::{
     check_buffers, check_call, check_linear, AttnError, Backend, BufferInfo, Buffers, DType,
     Element, HostData, Inputs, Problem, Result,
@@ -70,6 +70,8 @@ pub struct Cuda {
     smem_optin: usize,
     device_name: String,
     half_kernel: HalfKernel,
+    /// Whether decode-sized problems take the key-split shape.
+    key_split: bool,
     /// What NVRTC builds for this GPU.
     target: Target,
     /// NVRTC's version and the driver's CUDA version (`1000 * major + 10 *
@@ -213,6 +215,7 @@ impl Cuda {
             } else {
                 HalfKernel::Simt
             },
+            key_split: true,
             target,
             versions: (nvrtc, driver),
             functions: Cache::default(),
@@ -241,6 +244,17 @@ impl Cuda {
         }
         self.half_kernel = kernel;
         Ok(self)
+    }
+
+    /// The same backend with the tensor-core kernels' decode shape on (the
+    /// default) or off: with it, a block that needs at most 16 query rows
+    /// (query rows times the GQA group) splits each key tile between its
+    /// warps (`Variant::key_split`); without it, it computes 64 rows as in
+    /// prefill. Results agree within the conformance bound either way;
+    /// `gpu_bench` times both.
+    pub fn with_decode_key_split(mut self, on: bool) -> Self {
+        self.key_split = on;
+        self
     }
 
     /// Compute capability, e.g. `(9, 0)`.
@@ -328,9 +342,16 @@ impl Cuda {
     }
 
     /// The tensor-core kernel for f16/bf16 when chosen and its shared
-    /// memory fits this GPU (head dim 256 needs about 100 KB), else FMA.
-    fn forward_kernel(&self, p: &Problem) -> Kernel {
-        forward_kernel(self.half_kernel, p, self.arch, self.smem_optin)
+    /// memory fits this GPU (head dim 256 needs about 100 KB), else FMA
+    /// (`plan::forward_variant`).
+    fn forward_variant(&self, p: &Problem) -> Variant {
+        forward_variant(
+            self.half_kernel,
+            self.key_split,
+            p,
+            self.arch,
+            self.smem_optin,
+        )
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
@@ -449,7 +470,7 @@ impl Cuda {
             return Ok(());
         }
         let o = &problem.options;
-        let v = Variant::for_problem(self.forward_kernel(problem), problem, self.arch);
+        let v = self.forward_variant(problem);
         let Loaded { f, per_sm } = self.loaded(&v)?;
         let plan = ForwardPlan::new(problem, v, self.sms * per_sm)?;
         let mut params = plan.params;
@@ -554,13 +575,7 @@ impl Backend for Cuda {
     }
 
     fn supports(&self, p: &Problem) -> Result<()> {
-        supported(
-            &self.name(),
-            p,
-            self.forward_kernel(p),
-            self.arch,
-            self.smem_optin,
-        )
+        supported(&self.name(), p, &self.forward_variant(p), self.smem_optin)
     }
 
     fn forward_into(

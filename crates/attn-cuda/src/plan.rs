@@ -24,15 +24,23 @@ pub enum HalfKernel {
     Simt,
 }
 
-/// The forward kernel for `p`: the tensor-core kernel `half` names for
-/// f16/bf16 where its shared memory fits the GPU's `smem_optin` bytes per
-/// block, else the FMA kernel.
-pub fn forward_kernel(
+/// The forward variant a backend running `half` launches for `p`: the
+/// tensor-core kernel `half` names for f16/bf16 where its shared memory
+/// fits the GPU's `smem_optin` bytes per block, else the FMA kernel; in
+/// the decode key-split shape (`Variant::key_split`) only where
+/// `key_split` allows it.
+pub fn forward_variant(
     half: HalfKernel,
+    key_split: bool,
     p: &Problem,
     arch: (u32, u32),
     smem_optin: usize,
-) -> Kernel {
+) -> Variant {
+    let variant = |kernel| {
+        let mut v = Variant::for_problem(kernel, p, arch);
+        v.key_split &= key_split;
+        v
+    };
     let tc = match half {
         HalfKernel::TensorCore => Kernel::Mma,
         HalfKernel::TensorCoreFast => Kernel::MmaFast,
@@ -40,25 +48,18 @@ pub fn forward_kernel(
     };
     match p.dtype {
         DType::F16 | DType::Bf16
-            if tc != Kernel::Simt
-                && Variant::for_problem(tc, p, arch).smem_bytes() <= smem_optin =>
+            if tc != Kernel::Simt && variant(tc).smem_bytes() <= smem_optin =>
         {
-            tc
+            variant(tc)
         }
-        _ => Kernel::Simt,
+        _ => variant(Kernel::Simt),
     }
 }
 
-/// `Ok` when the kernels compute `p` with `kernel` on a GPU of `arch`
-/// giving a block `smem_optin` bytes of shared memory, else
-/// `Unsupported` from `backend` saying what and why.
-pub fn supported(
-    backend: &str,
-    p: &Problem,
-    kernel: Kernel,
-    arch: (u32, u32),
-    smem_optin: usize,
-) -> Result<()> {
+/// `Ok` when the kernels compute `p` with variant `v` (from
+/// [`forward_variant`]) on a GPU giving a block `smem_optin` bytes of
+/// shared memory, else `Unsupported` from `backend` saying what and why.
+pub fn supported(backend: &str, p: &Problem, v: &Variant, smem_optin: usize) -> Result<()> {
     let unsupported = |feature: String, reason: &str| {
         Err(AttnError::Unsupported {
             backend: backend.into(),
@@ -84,7 +85,6 @@ pub fn supported(
             "kernels are built for head dims up to 256",
         );
     }
-    let v = Variant::for_problem(kernel, p, arch);
     if v.smem_bytes() > smem_optin {
         return unsupported(
             format!("{} bytes of shared memory", v.smem_bytes()),
@@ -348,6 +348,16 @@ mod tests {
         let d = plan(Kernel::Mma, Shape::new(1, 32, 8, 1, 32768, 128));
         assert_eq!((d.pack, d.params.pack), (4, 4));
         assert!(d.variant.key_split && d.variant.rows_per_block() == 16);
+        // A backend that turns the key split off gets 64-row blocks.
+        let p = Problem::new(Shape::new(1, 32, 8, 1, 32768, 128), DType::Bf16);
+        let arch = (9, 0);
+        for (on, rows) in [(true, 16), (false, 64)] {
+            let v = forward_variant(HalfKernel::TensorCore, on, &p, arch, 232_448);
+            assert_eq!(
+                (v.kernel, v.key_split, v.rows_per_block()),
+                (Kernel::Mma, on, rows)
+            );
+        }
         let ((x, y, z), _) = d.geometry;
         assert_eq!((x, y, z), (1, 8, d.splits as u32));
         assert!(d.splits > 1 && d.combine.is_some());

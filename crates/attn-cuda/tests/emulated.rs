@@ -40,7 +40,21 @@ fn emu_cases() -> u32 {
 #[test]
 fn smoke() {
     let (cases, backward) = common::smoke_cases();
-    for (name, b) in backends() {
+    // The tensor-core kernels without the decode key split too (the
+    // smoke's decode row takes 64-row blocks then).
+    let whole = [
+        (
+            "tensor-core, 64 rows",
+            Emulator::new().with_decode_key_split(false),
+        ),
+        (
+            "fast, 64 rows",
+            Emulator::new()
+                .with_half_kernel(HalfKernel::TensorCoreFast)
+                .with_decode_key_split(false),
+        ),
+    ];
+    for (name, b) in backends().into_iter().chain(whole) {
         for params in &cases {
             let case = Case::build(params.clone());
             assert_eq!(

@@ -7,7 +7,7 @@ use super::{blocks_per_sm, Emulator, ARCH, SMEM_OPTIN, SMS};
 use crate::bytes::{bytes_of, i32_bytes};
 use crate::params::{BwdParams, Params};
 use crate::plan::{
-    backward_launches, dbias_strides, forward_kernel, linear_launch, maps_launch, supported,
+    backward_launches, dbias_strides, forward_variant, linear_launch, maps_launch, supported,
     supported_backward, ForwardPlan, Geometry3, SmallTensors,
 };
 use crate::variant::{Kernel, Variant};
@@ -29,8 +29,8 @@ impl Backend for Emulator {
     }
 
     fn supports(&self, p: &Problem) -> Result<()> {
-        let kernel = forward_kernel(self.half_kernel, p, ARCH, SMEM_OPTIN);
-        supported(&self.name(), p, kernel, ARCH, SMEM_OPTIN)
+        let v = forward_variant(self.half_kernel, self.key_split, p, ARCH, SMEM_OPTIN);
+        supported(&self.name(), p, &v, SMEM_OPTIN)
     }
 
     fn forward_into(
@@ -46,8 +46,7 @@ impl Backend for Emulator {
             return Ok(());
         }
         let o = &problem.options;
-        let kernel = forward_kernel(self.half_kernel, problem, ARCH, SMEM_OPTIN);
-        let v = Variant::for_problem(kernel, problem, ARCH);
+        let v = forward_variant(self.half_kernel, self.key_split, problem, ARCH, SMEM_OPTIN);
         let plan = ForwardPlan::new(problem, v, SMS * blocks_per_sm(&v))?;
         let opt = |name, data: Option<Vec<u8>>| data.map(|b| Dev::new(name, &b));
         let mut q = Dev::new("q", &bytes_of(inputs.q));

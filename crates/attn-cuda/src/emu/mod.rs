@@ -43,6 +43,8 @@ pub const SMEM_OPTIN: usize = 232_448;
 /// attn-cuda's kernels run on the CPU (module docs).
 pub struct Emulator {
     half_kernel: HalfKernel,
+    /// Whether decode-sized problems take the key-split shape.
+    key_split: bool,
 }
 
 /// The compiled variants, loaded once per process for every emulator.
@@ -56,6 +58,7 @@ impl std::fmt::Debug for Emulator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Emulator")
             .field("half_kernel", &self.half_kernel)
+            .field("key_split", &self.key_split)
             .field("arch", &ARCH)
             .finish()
     }
@@ -73,12 +76,20 @@ impl Emulator {
     pub fn new() -> Self {
         Emulator {
             half_kernel: HalfKernel::TensorCore,
+            key_split: true,
         }
     }
 
     /// The emulator running `kernel` on f16/bf16 inputs.
     pub fn with_half_kernel(mut self, kernel: HalfKernel) -> Self {
         self.half_kernel = kernel;
+        self
+    }
+
+    /// The emulator with the decode key split on (the default) or off, as
+    /// [`crate::Cuda::with_decode_key_split`].
+    pub fn with_decode_key_split(mut self, on: bool) -> Self {
+        self.key_split = on;
         self
     }
 
