@@ -194,10 +194,10 @@ def main():
     with open(f"{args.out}/gpu_bench.json", "w") as f:
         json.dump({"bf16_matmul_peak_tflops": peak, "rows": rows}, f, indent=1)
     print(f"bf16 matmul peak (8192^3, median of {reps}): {peak:.1f} TFLOP/s")
-    print(f"{'shape':<34} {'kernel':<8} {'attn ms':>9} {'TFLOP/s':>8} {'%peak':>6} {'torch ms':>9} {'TFLOP/s':>8} {'attn/torch':>10}")
+    print(f"{'shape':<34} {'kernel':<16} {'attn ms':>9} {'TFLOP/s':>8} {'%peak':>6} {'torch ms':>9} {'TFLOP/s':>8} {'attn/torch':>10}")
     for r in rows:
         name = f"{r['name']} {r['dtype']} b{r['batch']} h{r['q_heads']}/{r['kv_heads']} {r['q_len']}x{r['kv_len']}" + (" causal" if r["causal"] else "")
-        print(f"{name:<34} {r['kernel']:<8} {r['ms']:>9.3f} {r['attn_tflops']:>8.1f} {100*r['attn_tflops']/peak:>5.1f}% {r['torch_ms']:>9.3f} {r['torch_tflops']:>8.1f} {r['torch_ms']/r['ms']:>9.2f}x")
+        print(f"{name:<34} {r['kernel']:<16} {r['ms']:>9.3f} {r['attn_tflops']:>8.1f} {100*r['attn_tflops']/peak:>5.1f}% {r['torch_ms']:>9.3f} {r['torch_tflops']:>8.1f} {r['torch_ms']/r['ms']:>9.2f}x")
     return 0 if rows else 1
 
 if __name__ == "__main__":

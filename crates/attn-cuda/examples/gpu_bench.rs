@@ -79,8 +79,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tc = Cuda::first()?;
     let simt = Cuda::first()?.with_half_kernel(HalfKernel::Simt)?;
     let fast = Cuda::first()?.with_half_kernel(HalfKernel::TensorCoreFast)?;
-    // Decoding without the key split (64-row blocks), to compare.
+    // Decoding without the key split (64-row blocks), and the fast
+    // kernel's prefill without its wide blocks (64 rows), to compare.
     let whole = Cuda::first()?.with_decode_key_split(false);
+    let fast64 = Cuda::first()?
+        .with_half_kernel(HalfKernel::TensorCoreFast)?
+        .with_wide_blocks(false);
     eprintln!(
         "attn-cuda on {} (sm_{}{}, {} SMs)",
         tc.device_name(),
@@ -105,7 +109,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ("simt", &simt),
             ]
         } else {
-            &[("mma", &tc), ("mma-fast", &fast), ("simt", &simt)]
+            &[
+                ("mma", &tc),
+                ("mma-fast", &fast),
+                ("mma-fast-64rows", &fast64),
+                ("simt", &simt),
+            ]
         };
         for &(kname, be) in kernels {
             if kname == "simt" && dtype != DType::F32 && name == "prefill" && sq > 4096 {

@@ -10,7 +10,7 @@ use crate::cache::Cache;
 use crate::compile::{self, Target};
 use crate::libs;
 use crate::plan::{
-    forward_variant, linear_launch, supported, ForwardPlan, HalfKernel, SmallTensors,
+    forward_variant, linear_launch, supported, ForwardPlan, HalfKernel, Shapes, SmallTensors,
 };
 use crate::variant::Variant;
 use attn_spec::{
@@ -70,8 +70,8 @@ pub struct Cuda {
     smem_optin: usize,
     device_name: String,
     half_kernel: HalfKernel,
-    /// Whether decode-sized problems take the key-split shape.
-    key_split: bool,
+    /// Which block shapes the tensor-core kernels may take.
+    shapes: Shapes,
     /// What NVRTC builds for this GPU.
     target: Target,
     /// NVRTC's version and the driver's CUDA version (`1000 * major + 10 *
@@ -215,7 +215,7 @@ impl Cuda {
             } else {
                 HalfKernel::Simt
             },
-            key_split: true,
+            shapes: Shapes::default(),
             target,
             versions: (nvrtc, driver),
             functions: Cache::default(),
@@ -253,7 +253,19 @@ impl Cuda {
     /// prefill. Results agree within the conformance bound either way;
     /// `gpu_bench` times both.
     pub fn with_decode_key_split(mut self, on: bool) -> Self {
-        self.key_split = on;
+        self.shapes.key_split = on;
+        self
+    }
+
+    /// The same backend with the fast tensor-core kernel's prefill shape on
+    /// (the default) or off: with it, prefill of at least 128 query rows
+    /// (without a mask tensor, sinks, soft-cap, ALiBi or bias; head dims up
+    /// to 128) runs 128-row blocks whose warps each own two m-tiles
+    /// (`Variant::wide`); without it, 64-row blocks. The default
+    /// tensor-core kernel always takes 64 rows. Results agree within the
+    /// conformance bound either way; `gpu_bench` times both.
+    pub fn with_wide_blocks(mut self, on: bool) -> Self {
+        self.shapes.wide = on;
         self
     }
 
@@ -345,13 +357,7 @@ impl Cuda {
     /// memory fits this GPU (head dim 256 needs about 100 KB), else FMA
     /// (`plan::forward_variant`).
     fn forward_variant(&self, p: &Problem) -> Variant {
-        forward_variant(
-            self.half_kernel,
-            self.key_split,
-            p,
-            self.arch,
-            self.smem_optin,
-        )
+        forward_variant(self.half_kernel, self.shapes, p, self.arch, self.smem_optin)
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {

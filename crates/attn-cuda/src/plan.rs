@@ -24,21 +24,43 @@ pub enum HalfKernel {
     Simt,
 }
 
+/// Which block shapes of the tensor-core kernels a backend may launch
+/// where a problem suits them (`Variant::for_problem`); both by default.
+/// Results agree within the conformance bound either way; `gpu_bench`
+/// times each shape against the plain 64-row blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shapes {
+    /// The decode shape ([`Variant::key_split`]).
+    pub key_split: bool,
+    /// The fast kernel's 128-row prefill shape ([`Variant::wide`]).
+    pub wide: bool,
+}
+
+impl Default for Shapes {
+    fn default() -> Self {
+        Shapes {
+            key_split: true,
+            wide: true,
+        }
+    }
+}
+
 /// The forward variant a backend running `half` launches for `p`: the
 /// tensor-core kernel `half` names for f16/bf16 where its shared memory
 /// fits the GPU's `smem_optin` bytes per block, else the FMA kernel; in
-/// the decode key-split shape (`Variant::key_split`) only where
-/// `key_split` allows it.
+/// the decode key-split shape (`Variant::key_split`) and the wide prefill
+/// shape (`Variant::wide`) only where `shapes` allows them.
 pub fn forward_variant(
     half: HalfKernel,
-    key_split: bool,
+    shapes: Shapes,
     p: &Problem,
     arch: (u32, u32),
     smem_optin: usize,
 ) -> Variant {
     let variant = |kernel| {
         let mut v = Variant::for_problem(kernel, p, arch);
-        v.key_split &= key_split;
+        v.key_split &= shapes.key_split;
+        v.wide &= shapes.wide;
         v
     };
     let tc = match half {
@@ -152,6 +174,7 @@ impl ForwardPlan {
             let cv = Variant {
                 kernel: Kernel::Combine,
                 key_split: false,
+                wide: false,
                 ..v
             };
             (cv, combine_geometry(problem))
@@ -352,7 +375,11 @@ mod tests {
         let p = Problem::new(Shape::new(1, 32, 8, 1, 32768, 128), DType::Bf16);
         let arch = (9, 0);
         for (on, rows) in [(true, 16), (false, 64)] {
-            let v = forward_variant(HalfKernel::TensorCore, on, &p, arch, 232_448);
+            let shapes = Shapes {
+                key_split: on,
+                ..Shapes::default()
+            };
+            let v = forward_variant(HalfKernel::TensorCore, shapes, &p, arch, 232_448);
             assert_eq!(
                 (v.kernel, v.key_split, v.rows_per_block()),
                 (Kernel::Mma, on, rows)
@@ -380,6 +407,39 @@ mod tests {
             assert_eq!((p.pack, p.params.pack), (1, 1), "{k:?} {shape:?}");
             assert_eq!(p.geometry.0 .1, shape.q_heads as u32);
         }
+    }
+
+    /// The fast kernel's prefill takes 128-row blocks where the backend
+    /// allows them: half the blocks along x, no packing, 32-key tiles above
+    /// head dim 64; the default kernel, decoding and a backend that turns
+    /// the shape off keep 64 rows.
+    #[test]
+    fn fast_prefill_takes_wide_blocks() {
+        let arch = (9, 0);
+        let fast = |shape: Shape, shapes: Shapes| {
+            let p = Problem::new(shape, DType::Bf16).with_options(AttnOptions::default().causal());
+            let v = forward_variant(HalfKernel::TensorCoreFast, shapes, &p, arch, 232_448);
+            ForwardPlan::new(&p, v, 132 * 2).unwrap()
+        };
+        let on = Shapes::default();
+        let w = fast(Shape::new(2, 16, 4, 1000, 1000, 128), on);
+        assert!(w.variant.wide && w.variant.rows_per_block() == 128);
+        assert_eq!(
+            (w.pack, w.geometry.0, w.variant.block_n()),
+            (1, (8, 16, 2), 32)
+        );
+        assert!(w.variant.defines().contains("#define WIDE 1\n"));
+        let w64 = fast(Shape::new(1, 8, 8, 128, 300, 64), on);
+        assert_eq!((w64.geometry.0 .0, w64.variant.block_n()), (1, 64));
+        let off = Shapes { wide: false, ..on };
+        let n = fast(Shape::new(2, 16, 4, 1000, 1000, 128), off);
+        assert!(!n.variant.wide);
+        assert_eq!((n.geometry.0, n.variant.block_n()), ((16, 16, 2), 64));
+        // Fewer than 128 query rows, or the default tensor-core kernel.
+        assert!(!fast(Shape::new(1, 8, 8, 127, 300, 64), on).variant.wide);
+        let p = Problem::new(Shape::new(1, 8, 8, 1000, 1000, 64), DType::F16);
+        let v = forward_variant(HalfKernel::TensorCore, on, &p, arch, 232_448);
+        assert!(!v.wide && v.rows_per_block() == 64);
     }
 
     /// One buffer, each tensor 16-byte aligned, its bytes as uploaded one

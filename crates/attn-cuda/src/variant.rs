@@ -127,11 +127,20 @@ pub struct Variant {
     /// key tile between them, for problems whose blocks need no more rows
     /// (see [`Variant::for_problem`]).
     pub key_split: bool,
+    /// The fast tensor-core kernel's prefill shape (`WIDE` in `mma.cu`):
+    /// each warp owns two m-tiles (32 query rows, [`WIDE_ROWS`] a block),
+    /// so each K and V fragment read from shared memory feeds two
+    /// `mma.sync`, as in FlashAttention-2 (see [`Variant::wide_ok`]).
+    pub wide: bool,
 }
 
 /// Rows of a block of the tensor-core kernel under `key_split`: one warp's
 /// m-tile of 16.
 pub const KEY_SPLIT_ROWS: usize = 16;
+
+/// Rows of a block of the tensor-core kernel under `wide`: two m-tiles
+/// per warp.
+pub const WIDE_ROWS: usize = 128;
 
 /// `x` rounded up to a multiple of `unit`.
 pub fn pad(x: usize, unit: usize) -> usize {
@@ -154,7 +163,9 @@ impl Variant {
     /// `q_len` times the GQA group, which [`crate::plan::ForwardPlan`] packs
     /// into one block below 64 query rows (decoding: a 32:8 step has 4
     /// rows), and when each warp's quarter of a key tile is a whole k-step
-    /// of 16 keys (`block_n` 64).
+    /// of 16 keys (`block_n` 64). The fast tensor-core kernel takes the
+    /// wide shape (`wide`) for at least [`WIDE_ROWS`] query rows where
+    /// [`Variant::wide_ok`] allows it.
     pub fn for_problem(kernel: Kernel, problem: &Problem, arch: (u32, u32)) -> Self {
         let o = &problem.options;
         let s = problem.shape;
@@ -171,19 +182,39 @@ impl Variant {
             dv: s.head_dim_v,
             arch,
             key_split: false,
+            wide: false,
         };
         let group = s.q_heads / s.kv_heads.max(1);
         v.key_split = matches!(kernel, Kernel::Mma | Kernel::MmaFast)
             && s.q_len * group.max(1) <= KEY_SPLIT_ROWS
             && v.block_n() == 64;
+        v.wide = s.q_len >= WIDE_ROWS && Variant { wide: true, ..v }.wide_ok();
         v
+    }
+
+    /// Whether this variant may take the wide shape: the fast kernel,
+    /// not split, softmax in base 2 ([`Variant::base2`]: no soft-cap,
+    /// ALiBi or bias), no mask tensor and no sinks, and both head dims
+    /// padded to at most 128. Beyond that, the score and output registers
+    /// of two m-tiles spill (ptxas, `cargo xtask cuda-check`), as they do
+    /// at Q/K and V dims of 128 with 64-key tiles: the wide shape takes 32
+    /// keys per tile above 64 dims ([`Variant::block_n`]).
+    pub fn wide_ok(&self) -> bool {
+        self.kernel == Kernel::MmaFast
+            && !self.key_split
+            && self.base2()
+            && !self.mask
+            && !self.sinks
+            && self.dqk_pad() <= 128
+            && self.dv_pad() <= 128
     }
 
     /// Query rows per block of this variant's kernel.
     pub fn rows_per_block(&self) -> usize {
-        match self.key_split {
-            true => KEY_SPLIT_ROWS,
-            false => self.kernel.rows_per_block(),
+        match (self.key_split, self.wide) {
+            (true, _) => KEY_SPLIT_ROWS,
+            (false, true) => WIDE_ROWS,
+            (false, false) => self.kernel.rows_per_block(),
         }
     }
 
@@ -202,6 +233,7 @@ impl Variant {
             dv: 1,
             arch,
             key_split: false,
+            wide: false,
         }
     }
 
@@ -217,9 +249,11 @@ impl Variant {
 
     /// Keys per tile of the mma kernel: 64, or 32 when V's head dim is over
     /// 128 (the output accumulator then takes half the registers; fewer
-    /// score registers keep the total under the 255 a thread may have).
+    /// score registers keep the total under the 255 a thread may have), or
+    /// in the wide shape when a head dim is over 64 (two m-tiles' outputs).
     pub fn block_n(&self) -> usize {
-        if self.dv_pad() > 128 {
+        let wide_big = self.wide && self.dqk_pad().max(self.dv_pad()) > 64;
+        if self.dv_pad() > 128 || wide_big {
             32
         } else {
             64
@@ -276,6 +310,7 @@ impl Variant {
             ("FAST", b(self.kernel == Kernel::MmaFast) as usize),
             ("BASE2", b(self.base2()) as usize),
             ("KEY_SPLIT", b(self.key_split) as usize),
+            ("WIDE", b(self.wide) as usize),
         ] {
             s.push_str(&format!("#define {k} {v}\n"));
         }
@@ -308,6 +343,9 @@ impl Variant {
         }
         if self.key_split {
             f.push("key-split".to_string());
+        }
+        if self.wide {
+            f.push("wide".to_string());
         }
         if let Some(b) = self.bias {
             f.push(format!("bias:{b}"));
@@ -410,6 +448,7 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
                         dv,
                         arch,
                         key_split: false,
+                        wide: false,
                     };
                     out.push(v);
                     // The decode shape, where the tiles allow it.
@@ -419,12 +458,18 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
                             ..v
                         });
                     }
+                    // The prefill shape of the fast kernel, where allowed.
+                    let wide = Variant { wide: true, ..v };
+                    if wide.wide_ok() {
+                        out.push(wide);
+                    }
                 }
             }
         }
     }
     // The fast kernel's base-2 softmax with the options it keeps (masks,
-    // windows, sinks) and without those that send it back to natural units.
+    // windows, sinks) and without those that send it back to natural units;
+    // its wide shape with a window (causal prefill).
     for elem in [DType::F16, DType::Bf16] {
         for (dqk, dv) in [(64, 64), (128, 128)] {
             out.push(Variant {
@@ -440,11 +485,21 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
                 dv,
                 arch,
                 key_split: false,
+                wide: false,
             });
+            let all = out[out.len() - 1];
             out.push(Variant {
                 key_split: true,
-                ..out[out.len() - 1]
+                ..all
             });
+            let windowed = Variant {
+                mask: false,
+                sinks: false,
+                wide: true,
+                ..all
+            };
+            assert!(windowed.wide_ok());
+            out.push(windowed);
         }
     }
     for elem in [DType::F32, DType::F16, DType::Bf16] {
@@ -559,6 +614,40 @@ mod tests {
             (vf.smem_bytes(), vf.block_n()),
             (va.smem_bytes(), va.block_n())
         );
+        // The wide prefill shape: the fast kernel from 128 query rows, with
+        // a window but without sinks, a mask tensor or what leaves base 2,
+        // at head dims up to 128 (32-key tiles above 64).
+        let prefill = |dqk: usize, dv: usize, o: AttnOptions| {
+            let s = Shape::new(1, 8, 2, 128, 300, dqk).with_head_dim_v(dv);
+            Variant::for_problem(
+                Kernel::MmaFast,
+                &Problem::new(s, DType::F16).with_options(o),
+                (9, 0),
+            )
+        };
+        let w = prefill(64, 64, AttnOptions::default().causal());
+        assert!(
+            w.wide && w.defines().contains("#define WIDE 1\n") && w.describe().contains("wide")
+        );
+        assert_eq!((w.rows_per_block(), w.block_n()), (WIDE_ROWS, 64));
+        assert_eq!(w.smem_bytes(), 2 * (128 * 72 + 2 * (64 * 72 + 64 * 72)));
+        assert_eq!(prefill(128, 128, AttnOptions::default()).block_n(), 32);
+        assert_eq!(prefill(80, 32, AttnOptions::default()).block_n(), 32);
+        assert!(!vf.wide && vf.defines().contains("#define WIDE 0\n"));
+        for narrow in [
+            prefill(144, 64, AttnOptions::default()),
+            prefill(64, 136, AttnOptions::default()),
+            prefill(64, 64, AttnOptions::default().sinks(vec![0.0; 8])),
+            prefill(64, 64, AttnOptions::default().softcap(5.0)),
+            prefill(64, 64, AttnOptions::default().alibi(vec![0.1; 8])),
+        ] {
+            assert!(!narrow.wide && narrow.rows_per_block() == 64, "{narrow:?}");
+        }
+        let masked = Problem::new(Shape::new(1, 8, 2, 128, 300, 64), DType::F16)
+            .with_mask(attn_spec::View::contiguous([1, 1, 128, 300]));
+        assert!(!Variant::for_problem(Kernel::MmaFast, &masked, (9, 0)).wide);
+        let plain = Problem::new(Shape::new(1, 8, 2, 128, 300, 64), DType::F16);
+        assert!(!Variant::for_problem(Kernel::Mma, &plain, (9, 0)).wide);
     }
 
     #[test]

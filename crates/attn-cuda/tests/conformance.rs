@@ -103,7 +103,8 @@ proptest! {
 /// racecheck): one small causal GQA case per forward kernel (f32 on the
 /// FMA kernel, bf16 and f16 on the tensor cores and the FMA kernel), head
 /// dim 256 (over 48 KB of shared memory: the opt-in), a decode row on the
-/// split-KV path, and one backward case, so that a fault that poisons the
+/// split-KV path, a prefill in the fast kernel's wide blocks, and one
+/// backward case, so that a fault that poisons the
 /// context (an out-of-bounds read, a misaligned copy) shows here, named,
 /// before the suite's shared context hides its first cause.
 #[test]

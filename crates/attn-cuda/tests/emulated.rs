@@ -40,8 +40,9 @@ fn emu_cases() -> u32 {
 #[test]
 fn smoke() {
     let (cases, backward) = common::smoke_cases();
-    // The tensor-core kernels without the decode key split too (the
-    // smoke's decode row takes 64-row blocks then).
+    // The tensor-core kernels without the decode key split and the wide
+    // prefill blocks too (the smoke's decode and 130-row cases take 64-row
+    // blocks then).
     let whole = [
         (
             "tensor-core, 64 rows",
@@ -51,7 +52,8 @@ fn smoke() {
             "fast, 64 rows",
             Emulator::new()
                 .with_half_kernel(HalfKernel::TensorCoreFast)
-                .with_decode_key_split(false),
+                .with_decode_key_split(false)
+                .with_wide_blocks(false),
         ),
     ];
     for (name, b) in backends().into_iter().chain(whole) {
@@ -71,6 +73,70 @@ fn smoke() {
         Ok(Outcome::Passed),
         "backward"
     );
+}
+
+/// The fast kernel's wide prefill blocks (`Variant::wide`: 128 rows, two
+/// m-tiles per warp) on what they take: 128 query rows and more, a last
+/// block nearly empty, head dims from 16 to 128 (uneven ones, Q/K unlike
+/// V, 64-key and 32-key tiles), causal and sliding windows in both
+/// alignments, per-sequence lengths, GQA, the BHSD layout and the log-sum-exp.
+#[test]
+fn wide_prefill_blocks_pass_the_suite() {
+    use attn_conformance::CaseParams;
+    use attn_cuda::plan::{forward_variant, Shapes};
+    use attn_spec::{AttnOptions, Shape};
+    let fast = Emulator::new().with_half_kernel(HalfKernel::TensorCoreFast);
+    let cases = [
+        (
+            Shape::new(1, 2, 1, 128, 128, 64),
+            DType::Bf16,
+            AttnOptions::default(),
+        ),
+        (
+            Shape::new(2, 4, 2, 130, 200, 128),
+            DType::F16,
+            AttnOptions::default().causal().with_lse(),
+        ),
+        (
+            Shape::new(1, 3, 3, 257, 190, 72).with_head_dim_v(40),
+            DType::Bf16,
+            AttnOptions::default().top_left().causal(),
+        ),
+        (
+            Shape::new(1, 2, 1, 200, 300, 16),
+            DType::F16,
+            AttnOptions::default().window(Some(70), Some(5)),
+        ),
+        (
+            Shape::new(2, 2, 2, 160, 96, 96).with_head_dim_v(128),
+            DType::Bf16,
+            AttnOptions::default().window(Some(40), None),
+        ),
+    ];
+    for (i, (shape, dtype, options)) in cases.into_iter().enumerate() {
+        let mut params = CaseParams::plain(shape);
+        params.dtype = dtype;
+        params.options = options;
+        params.kv_lens = i == 1;
+        params.q_lens = i == 4;
+        params.bhsd = i == 3;
+        params.seed = i as u64;
+        let case = Case::build(params);
+        let v = forward_variant(
+            HalfKernel::TensorCoreFast,
+            Shapes::default(),
+            &case.problem,
+            attn_cuda::emu::ARCH,
+            attn_cuda::emu::SMEM_OPTIN,
+        );
+        assert!(v.wide, "case {i}: {}", case.describe());
+        assert_eq!(
+            check_case(&fast, &case),
+            Ok(Outcome::Passed),
+            "case {i}: {}",
+            case.describe()
+        );
+    }
 }
 
 /// The maps hand cases and bad input, then generated cases, as the GPU

@@ -29,7 +29,7 @@ impl Backend for Emulator {
     }
 
     fn supports(&self, p: &Problem) -> Result<()> {
-        let v = forward_variant(self.half_kernel, self.key_split, p, ARCH, SMEM_OPTIN);
+        let v = forward_variant(self.half_kernel, self.shapes, p, ARCH, SMEM_OPTIN);
         supported(&self.name(), p, &v, SMEM_OPTIN)
     }
 
@@ -46,7 +46,7 @@ impl Backend for Emulator {
             return Ok(());
         }
         let o = &problem.options;
-        let v = forward_variant(self.half_kernel, self.key_split, problem, ARCH, SMEM_OPTIN);
+        let v = forward_variant(self.half_kernel, self.shapes, problem, ARCH, SMEM_OPTIN);
         let plan = ForwardPlan::new(problem, v, SMS * blocks_per_sm(&v))?;
         let opt = |name, data: Option<Vec<u8>>| data.map(|b| Dev::new(name, &b));
         let mut q = Dev::new("q", &bytes_of(inputs.q));

@@ -27,7 +27,7 @@ mod calls;
 mod device;
 
 use crate::cache::Cache;
-use crate::plan::{Geometry3, HalfKernel};
+use crate::plan::{Geometry3, HalfKernel, Shapes};
 use crate::variant::Variant;
 use attn_spec::{AttnError, Backend, Result};
 use device::{build, Dev, Launch, Run, Shared, LOCK, MAX_THREADS, STACK};
@@ -43,8 +43,8 @@ pub const SMEM_OPTIN: usize = 232_448;
 /// attn-cuda's kernels run on the CPU (module docs).
 pub struct Emulator {
     half_kernel: HalfKernel,
-    /// Whether decode-sized problems take the key-split shape.
-    key_split: bool,
+    /// Which block shapes the tensor-core kernels may take.
+    shapes: Shapes,
 }
 
 /// The compiled variants, loaded once per process for every emulator.
@@ -58,7 +58,7 @@ impl std::fmt::Debug for Emulator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Emulator")
             .field("half_kernel", &self.half_kernel)
-            .field("key_split", &self.key_split)
+            .field("shapes", &self.shapes)
             .field("arch", &ARCH)
             .finish()
     }
@@ -76,7 +76,7 @@ impl Emulator {
     pub fn new() -> Self {
         Emulator {
             half_kernel: HalfKernel::TensorCore,
-            key_split: true,
+            shapes: Shapes::default(),
         }
     }
 
@@ -89,7 +89,14 @@ impl Emulator {
     /// The emulator with the decode key split on (the default) or off, as
     /// [`crate::Cuda::with_decode_key_split`].
     pub fn with_decode_key_split(mut self, on: bool) -> Self {
-        self.key_split = on;
+        self.shapes.key_split = on;
+        self
+    }
+
+    /// The emulator with the fast kernel's wide prefill blocks on (the
+    /// default) or off, as [`crate::Cuda::with_wide_blocks`].
+    pub fn with_wide_blocks(mut self, on: bool) -> Self {
+        self.shapes.wide = on;
         self
     }
 

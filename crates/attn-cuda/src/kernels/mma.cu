@@ -1,7 +1,8 @@
 // attn_mma: FlashAttention-2's forward on tensor cores for f16/bf16
 // (ELEM 1 or 2): `mma.sync.m16n8k16` with f32 accumulation. A block of
 // MMA_WARPS warps owns BM = 16 * MMA_WARPS query rows of one head; each warp
-// owns 16 rows (under KEY_SPLIT, below: BM = 16, shared by the warps).
+// owns 16 rows (32 under WIDE, below: BM = 128; under KEY_SPLIT, below:
+// BM = 16, shared by the warps).
 // With fewer query rows than BM and GQA (`Params::pack` = the group,
 // decoding above all), a block's rows instead pack the group's
 // query heads, query-major (row L: query L / pack, head kvh * pack + L %
@@ -40,7 +41,7 @@
 // FAST (`Kernel::MmaFast`, opt-in until it has passed the suite on a GPU):
 // probabilities packed by `cvt.rn`; each warp's Q fragments held in
 // registers across key tiles when the Q/K head dim pads to at most 128 (32
-// registers; more would spill); K's fragments loaded two n-tiles at a time
+// registers; more would spill; under WIDE, two m-tiles' worth, at most 64); K's fragments loaded two n-tiles at a time
 // by `ldmatrix.x4` (one instruction where four 32-bit loads were); no test
 // per pair on tiles a row sees whole (without a mask tensor); and, where no
 // soft-cap, ALiBi or bias changes the scores (BASE2), scores in base-2
@@ -65,10 +66,23 @@
 #define KSPLIT 1
 #endif
 #define WKEYS (BLOCK_N / KSPLIT)
+// WIDE (`Variant::wide`, set by the host for prefill where the backend
+// allows it): each warp owns MT = 2 m-tiles, 32 rows, and a block 128, as
+// FlashAttention-2's forward does; every K and V fragment a warp reads
+// from shared memory then feeds two mma.sync instead of one, halving the
+// shared-memory reads per tensor-core operation, for twice the score and
+// output registers (the host asks for it only with 64-key tiles and V's
+// head dim padded to at most 128).
+#if WIDE
+#define MT 2
+#else
+#define MT 1
+#endif
+static_assert(!(WIDE && KEY_SPLIT), "a block is wide or splits its keys, not both");
 // A warp's keys are whole k-steps of P V (the host asks for KEY_SPLIT only
 // with 64-key tiles).
 static_assert(WKEYS % 16 == 0, "each warp's keys of a tile are whole k-steps");
-#if FAST && DQK_PAD <= 128
+#if FAST && DQK_PAD * MT <= 128
 #define Q_IN_REGS 1
 #else
 #define Q_IN_REGS 0
@@ -76,7 +90,9 @@ static_assert(WKEYS % 16 == 0, "each warp's keys of a tile are whole k-steps");
 // BASE2 is set by the host (`Variant::base2`).
 #define LOG2E_F 1.4426950408889634f
 #define LN2_F 0.6931471805599453f
-#define BM (16 * MMA_WARPS / KSPLIT)
+#define BM (16 * MT * MMA_WARPS / KSPLIT)
+// Rows of the block one thread computes: two per m-tile.
+#define RR (2 * MT)
 #define QSTR (DQK_PAD + 8)
 #define KSTR (DQK_PAD + 8)
 #define VSTR (DV_PAD + 8)
@@ -278,8 +294,9 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
     u16* st0 = Qs + BM * QSTR;         // two stages of K [BLOCK_N][KSTR], V [BLOCK_N][VSTR]
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    // The warp's first row in the block, and its first key in each tile.
-    const int wrow = (warp / KSPLIT) * 16, koff = (warp % KSPLIT) * WKEYS;
+    // The warp's first row in the block (its MT m-tiles follow on), and
+    // its first key in each tile.
+    const int wrow = (warp / KSPLIT) * 16 * MT, koff = (warp % KSPLIT) * WKEYS;
     const int gq = lane >> 2, tq = lane & 3;
     const int b = blockIdx.z / p.num_splits;
     const int split = blockIdx.z % p.num_splits;
@@ -304,35 +321,40 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
         Qs[r * QSTR + d] = x;
     }
 
-    // This thread's two rows: r = 0 is row g of the warp's 16, r = 1 row
-    // g + 8; their queries, and their heads (HEAD(r), recomputed where
-    // needed rather than held in registers across the loop).
-    int rows[2], lo[2], hi[2];
-#define HEAD(r) row_head(row0 + wrow + gq + 8 * (r), pack, kvh)
-    float mr[2], lr[2];
+    // This thread's rows: 2 per m-tile, rr = 2t + r for row g (r = 0) or
+    // g + 8 (r = 1) of m-tile t; their packed rows (ROW), queries and
+    // heads (HEAD, recomputed where needed rather than held in registers
+    // across the loop).
+    int rows[RR], lo[RR], hi[RR];
+#define ROW(rr) (row0 + wrow + 16 * ((rr) >> 1) + gq + 8 * ((rr) & 1))
+#define HEAD(rr) row_head(ROW(rr), pack, kvh)
+    float mr[RR], lr[RR];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        rows[r] = (row0 + wrow + gq + 8 * r) / pack;
-        key_range(p, m, rows[r], &lo[r], &hi[r]);
-        mr[r] = NEG_INF;
-        lr[r] = 0.0f;
+    for (int rr = 0; rr < RR; ++rr) {
+        rows[rr] = ROW(rr) / pack;
+        key_range(p, m, rows[rr], &lo[rr], &hi[rr]);
+        mr[rr] = NEG_INF;
+        lr[rr] = 0.0f;
 #if HAS_SINKS
         // The sink is one virtual key: counted once per row (by t == 0,
         // in the first warp of the row's key split).
-        if (p.num_splits == 1 && rows[r] < m.ql && warp % KSPLIT == 0) {
+        if (p.num_splits == 1 && rows[rr] < m.ql && warp % KSPLIT == 0) {
 #if BASE2
-            mr[r] = p.sinks[HEAD(r)] * LOG2E_F;
+            mr[rr] = p.sinks[HEAD(rr)] * LOG2E_F;
 #else
-            mr[r] = p.sinks[HEAD(r)];
+            mr[rr] = p.sinks[HEAD(rr)];
 #endif
-            lr[r] = (tq == 0 && mr[r] != NEG_INF) ? 1.0f : 0.0f;
+            lr[rr] = (tq == 0 && mr[rr] != NEG_INF) ? 1.0f : 0.0f;
         }
 #endif
     }
-    float o[DV_PAD / 8][4];
+    float o[MT][DV_PAD / 8][4];
 #pragma unroll
-    for (int n = 0; n < DV_PAD / 8; ++n) {
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+        for (int n = 0; n < DV_PAD / 8; ++n) {
+            o[t][n][0] = o[t][n][1] = o[t][n][2] = o[t][n][3] = 0.0f;
+        }
     }
 #if BASE2
     const float scale2 = p.scale * LOG2E_F;
@@ -346,15 +368,18 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
     // The warp's A fragments of Q, read once (every thread reaches this
     // barrier: Q's staging above is then visible).
     __syncthreads();
-    u32 qf[DQK_PAD / 16][4];
+    u32 qf[MT][DQK_PAD / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < DQK_PAD / 16; ++kk) {
-        const u16* qw = Qs + wrow * QSTR;
-        const int c = kk * 16 + 2 * tq;
-        qf[kk][0] = ld32(qw + gq * QSTR + c);
-        qf[kk][1] = ld32(qw + (gq + 8) * QSTR + c);
-        qf[kk][2] = ld32(qw + gq * QSTR + c + 8);
-        qf[kk][3] = ld32(qw + (gq + 8) * QSTR + c + 8);
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+        for (int kk = 0; kk < DQK_PAD / 16; ++kk) {
+            const u16* qw = Qs + (wrow + 16 * t) * QSTR;
+            const int c = kk * 16 + 2 * tq;
+            qf[t][kk][0] = ld32(qw + gq * QSTR + c);
+            qf[t][kk][1] = ld32(qw + (gq + 8) * QSTR + c);
+            qf[t][kk][2] = ld32(qw + gq * QSTR + c + 8);
+            qf[t][kk][3] = ld32(qw + (gq + 8) * QSTR + c + 8);
+        }
     }
 #endif
 
@@ -378,24 +403,36 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
         }
         __syncthreads();  // every thread's copies (and Q) are visible
 
-        // S = Q K^T for the warp's 16 rows and its WKEYS keys of the tile.
-        float s[WKEYS / 8][4];
+        // S = Q K^T for the warp's 16 * MT rows and its WKEYS keys of the
+        // tile: each fragment of K read from shared memory serves the
+        // warp's MT m-tiles.
+        float s[MT][WKEYS / 8][4];
 #pragma unroll
-        for (int n = 0; n < WKEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#if !Q_IN_REGS
-        const u16* qw = Qs + wrow * QSTR;
-#endif
+        for (int t = 0; t < MT; ++t) {
+#pragma unroll
+            for (int n = 0; n < WKEYS / 8; ++n) {
+                s[t][n][0] = s[t][n][1] = s[t][n][2] = s[t][n][3] = 0.0f;
+            }
+        }
 #pragma unroll
         for (int kk = 0; kk < DQK_PAD / 16; ++kk) {
+            u32 a[MT][4];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
 #if Q_IN_REGS
-            const u32 a0 = qf[kk][0], a1 = qf[kk][1], a2 = qf[kk][2], a3 = qf[kk][3];
+                a[t][0] = qf[t][kk][0];
+                a[t][1] = qf[t][kk][1];
+                a[t][2] = qf[t][kk][2];
+                a[t][3] = qf[t][kk][3];
 #else
-            const int c = kk * 16 + 2 * tq;
-            u32 a0 = ld32(qw + gq * QSTR + c);
-            u32 a1 = ld32(qw + (gq + 8) * QSTR + c);
-            u32 a2 = ld32(qw + gq * QSTR + c + 8);
-            u32 a3 = ld32(qw + (gq + 8) * QSTR + c + 8);
+                const u16* qw = Qs + (wrow + 16 * t) * QSTR;
+                const int c = kk * 16 + 2 * tq;
+                a[t][0] = ld32(qw + gq * QSTR + c);
+                a[t][1] = ld32(qw + (gq + 8) * QSTR + c);
+                a[t][2] = ld32(qw + gq * QSTR + c + 8);
+                a[t][3] = ld32(qw + (gq + 8) * QSTR + c + 8);
 #endif
+            }
 #if FAST
             // K's B fragments of two n-tiles by one ldmatrix.x4: lanes
             // 0-7 address keys n*8.. at dims kk*16.., lanes 8-15 the same
@@ -403,84 +440,98 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
             const u16* kx = Ks + (koff + ldm_key) * KSTR + kk * 16 + ldm_col;
 #pragma unroll
             for (int n = 0; n < WKEYS / 8; n += 2) {
-                u32 b[4];
-                ldmatrix_x4(kx + n * 8 * KSTR, b);
-                mma16816(s[n], a0, a1, a2, a3, b[0], b[1]);
-                mma16816(s[n + 1], a0, a1, a2, a3, b[2], b[3]);
+                u32 kb[4];
+                ldmatrix_x4(kx + n * 8 * KSTR, kb);
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {
+                    mma16816(s[t][n], a[t][0], a[t][1], a[t][2], a[t][3], kb[0], kb[1]);
+                    mma16816(s[t][n + 1], a[t][0], a[t][1], a[t][2], a[t][3], kb[2], kb[3]);
+                }
             }
 #else
+            const int c = kk * 16 + 2 * tq;
 #pragma unroll
             for (int n = 0; n < WKEYS / 8; ++n) {
                 const u16* kr = Ks + (koff + n * 8 + gq) * KSTR + c;
-                mma16816(s[n], a0, a1, a2, a3, ld32(kr), ld32(kr + 8));
+                const u32 b0 = ld32(kr), b1 = ld32(kr + 8);
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {
+                    mma16816(s[t][n], a[t][0], a[t][1], a[t][2], a[t][3], b0, b1);
+                }
             }
 #endif
         }
 
         // Scores (scale, softcap, ALiBi, bias, masks), then the online
-        // softmax of each of the thread's two rows.
+        // softmax of each of the thread's rows.
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
+        for (int rr = 0; rr < RR; ++rr) {
+            const int t = rr >> 1, r = rr & 1;
             float tmax = NEG_INF;
 #if BASE2 && !HAS_MASK
             // A tile whose every key this row sees: no test per pair.
-            const bool full = t0 >= lo[r] && t0 + BLOCK_N <= hi[r] && t0 + BLOCK_N <= bhi;
+            const bool full = t0 >= lo[rr] && t0 + BLOCK_N <= hi[rr] && t0 + BLOCK_N <= bhi;
 #endif
 #pragma unroll
             for (int n = 0; n < WKEYS / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int j = t0 + koff + n * 8 + 2 * tq + e;
+                    const float dot = s[t][n][2 * r + e];
 #if BASE2 && !HAS_MASK
-                    float x = full ? s[n][2 * r + e] * scale2
-                          : j < bhi ? score2(p, b, HEAD(r), rows[r], j, lo[r], hi[r], s[n][2 * r + e],
+                    float x = full ? dot * scale2
+                          : j < bhi ? score2(p, b, HEAD(rr), rows[rr], j, lo[rr], hi[rr], dot,
                                              scale2)
                                     : NEG_INF;
 #elif BASE2
-                    float x = j < bhi ? score2(p, b, HEAD(r), rows[r], j, lo[r], hi[r],
-                                               s[n][2 * r + e], scale2)
+                    float x = j < bhi ? score2(p, b, HEAD(rr), rows[rr], j, lo[rr], hi[rr], dot,
+                                               scale2)
                                       : NEG_INF;
 #else
-                    float x = j < bhi ? score(p, m, b, HEAD(r), rows[r], j, lo[r], hi[r],
-                                              s[n][2 * r + e])
+                    float x = j < bhi ? score(p, m, b, HEAD(rr), rows[rr], j, lo[rr], hi[rr], dot)
                                       : NEG_INF;
 #endif
-                    s[n][2 * r + e] = x;
+                    s[t][n][2 * r + e] = x;
                     tmax = fmaxf(tmax, x);
                 }
             }
             tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
             tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-            const float mnew = fmaxf(mr[r], tmax);
+            const float mnew = fmaxf(mr[rr], tmax);
             const float mu = mnew == NEG_INF ? 0.0f : mnew;
-            const float alpha = EXP(mr[r] - mu);
-            mr[r] = mnew;
+            const float alpha = EXP(mr[rr] - mu);
+            mr[rr] = mnew;
             float sum = 0.0f;
 #pragma unroll
             for (int n = 0; n < WKEYS / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    float pe = EXP(s[n][2 * r + e] - mu);
-                    s[n][2 * r + e] = pe;
+                    float pe = EXP(s[t][n][2 * r + e] - mu);
+                    s[t][n][2 * r + e] = pe;
                     sum += pe;
                 }
             }
-            lr[r] = lr[r] * alpha + sum;
+            lr[rr] = lr[rr] * alpha + sum;
 #pragma unroll
             for (int n = 0; n < DV_PAD / 8; ++n) {
-                o[n][2 * r] *= alpha;
-                o[n][2 * r + 1] *= alpha;
+                o[t][n][2 * r] *= alpha;
+                o[t][n][2 * r + 1] *= alpha;
             }
         }
 
         // O += P V: the score accumulators of key tiles 2kk and 2kk+1 are
-        // exactly the A fragment of k-step kk.
+        // exactly the A fragment of k-step kk; each fragment of V read
+        // from shared memory serves the warp's MT m-tiles.
 #pragma unroll
         for (int kk = 0; kk < WKEYS / 16; ++kk) {
-            u32 a0 = pack2(s[2 * kk][0], s[2 * kk][1]);
-            u32 a1 = pack2(s[2 * kk][2], s[2 * kk][3]);
-            u32 a2 = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            u32 a3 = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            u32 a[MT][4];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+                a[t][0] = pack2(s[t][2 * kk][0], s[t][2 * kk][1]);
+                a[t][1] = pack2(s[t][2 * kk][2], s[t][2 * kk][3]);
+                a[t][2] = pack2(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
+                a[t][3] = pack2(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
+            }
             // Lanes 0-15 address keys kk*16 + (lane % 16); the column block
             // moves with n.
             const u16* vrow = Vs + (koff + kk * 16 + (lane & 15)) * VSTR;
@@ -488,7 +539,10 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
             for (int n = 0; n < DV_PAD / 8; ++n) {
                 u32 b0, b1;
                 ldmatrix_x2_trans(vrow + n * 8, &b0, &b1);
-                mma16816(o[n], a0, a1, a2, a3, b0, b1);
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {
+                    mma16816(o[t][n], a[t][0], a[t][1], a[t][2], a[t][3], b0, b1);
+                }
             }
         }
         __syncthreads();  // this stage is consumed before it is refilled
@@ -496,16 +550,16 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
 
     // The row sums are split over the 4 threads of a row group.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 1);
-        lr[r] += __shfl_xor_sync(0xffffffffu, lr[r], 2);
+    for (int rr = 0; rr < RR; ++rr) {
+        lr[rr] += __shfl_xor_sync(0xffffffffu, lr[rr], 1);
+        lr[rr] += __shfl_xor_sync(0xffffffffu, lr[rr], 2);
     }
 #if KSPLIT > 1
-    // The key split's merge: warps 1.. leave their states in the stages'
-    // memory (free since the loop's last barrier), each value at [slot][lane]
-    // so the first warp's lanes read their own rows' values; the first warp
-    // folds them into its own as the online softmax folds a tile, then
-    // writes the rows.
+    // The key split's merge (one m-tile per warp: MT is 1 here): warps 1..
+    // leave their states in the stages' memory (free since the loop's last
+    // barrier), each value at [slot][lane] so the first warp's lanes read
+    // their own rows' values; the first warp folds them into its own as the
+    // online softmax folds a tile, then writes the rows.
     {
         constexpr int SLOTS = DV_PAD / 8 * 4 + 4;
         static_assert((KSPLIT - 1) * SLOTS * 32 * 4 <= 2 * STAGE * 2,
@@ -517,7 +571,7 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
 #pragma unroll
             for (int n = 0; n < DV_PAD / 8; ++n) {
 #pragma unroll
-                for (int c = 0; c < 4; ++c) mine[(n * 4 + c) * 32] = o[n][c];
+                for (int c = 0; c < 4; ++c) mine[(n * 4 + c) * 32] = o[0][n][c];
             }
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -538,8 +592,9 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
                 lr[r] = lr[r] * a1 + l2 * a2;
 #pragma unroll
                 for (int n = 0; n < DV_PAD / 8; ++n) {
-                    o[n][2 * r] = o[n][2 * r] * a1 + th[(n * 4 + 2 * r) * 32] * a2;
-                    o[n][2 * r + 1] = o[n][2 * r + 1] * a1 + th[(n * 4 + 2 * r + 1) * 32] * a2;
+                    o[0][n][2 * r] = o[0][n][2 * r] * a1 + th[(n * 4 + 2 * r) * 32] * a2;
+                    o[0][n][2 * r + 1] =
+                        o[0][n][2 * r + 1] * a1 + th[(n * 4 + 2 * r + 1) * 32] * a2;
                 }
                 mr[r] = mnew;
             }
@@ -547,21 +602,22 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
     }
 #endif
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int i = rows[r], h = HEAD(r);
+    for (int rr = 0; rr < RR; ++rr) {
+        const int t = rr >> 1, r = rr & 1;
+        const int i = rows[rr], h = HEAD(rr);
         if (i >= p.sq) continue;
         float L, inv;
 #if BASE2
         // The max back in natural units; a sink that stayed the maximum
         // gives its own value, not a round trip through base 2 (its
         // magnitude is not in the bound's score term).
-        float mn = mr[r] * LN2_F;
+        float mn = mr[rr] * LN2_F;
 #if HAS_SINKS
-        if (p.num_splits == 1 && i < m.ql && mr[r] == p.sinks[h] * LOG2E_F) mn = p.sinks[h];
+        if (p.num_splits == 1 && i < m.ql && mr[rr] == p.sinks[h] * LOG2E_F) mn = p.sinks[h];
 #endif
-        row_lse(mn, lr[r], &L, &inv);
+        row_lse(mn, lr[rr], &L, &inv);
 #else
-        row_lse(mr[r], lr[r], &L, &inv);
+        row_lse(mr[rr], lr[rr], &L, &inv);
 #endif
         const i64 prow = (((i64)split * p.batch + b) * p.hq + h) * p.sq + i;
 #pragma unroll
@@ -570,7 +626,7 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
             for (int e = 0; e < 2; ++e) {
                 const int d = n * 8 + 2 * tq + e;
                 if (d >= DV) continue;
-                const float x = o[n][2 * r + e] * inv;
+                const float x = o[t][n][2 * r + e] * inv;
                 if (p.num_splits == 1) {
                     store_elem(p.o, p.o_off + (i64)b * p.o_st[0] + (i64)i * p.o_st[1] +
                                         (i64)h * p.o_st[2] + (i64)d * p.o_st[3],
@@ -589,4 +645,5 @@ extern "C" __global__ void MMA_BOUNDS attn_mma(const Params p) {
         }
     }
 #undef HEAD
+#undef ROW
 }

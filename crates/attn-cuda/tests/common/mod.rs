@@ -86,9 +86,10 @@ pub fn linear_matches_f64<B: attn_spec::Linear>(backend: &B) -> Result<(), Strin
 
 /// The smoke cases the GPU bundle runs first (`smoke` in conformance.rs)
 /// and the emulator runs too: one small causal GQA case per dtype, head
-/// dim 256 (over 48 KB of shared memory: the opt-in), and a decode row
-/// on the split-KV path (1024 keys for one query row: enough for
-/// `plan_splits` to split); then the backward case.
+/// dim 256 (over 48 KB of shared memory: the opt-in), a decode row on
+/// the split-KV path (1024 keys for one query row: enough for
+/// `plan_splits` to split) and 130 query rows at head dim 128 (the fast
+/// kernel's wide blocks); then the backward case.
 pub fn smoke_cases() -> (
     Vec<attn_conformance::CaseParams>,
     attn_conformance::CaseParams,
@@ -106,6 +107,8 @@ pub fn smoke_cases() -> (
         (DType::F16, 64, 128, 64),
         (DType::Bf16, 64, 96, 256),
         (DType::Bf16, 1, 1024, 64),
+        // The fast kernel's wide prefill blocks, the second nearly empty.
+        (DType::Bf16, 130, 200, 128),
     ];
     let cases = forward
         .iter()
