@@ -501,6 +501,30 @@ pub fn check_variants(arch: (u32, u32)) -> Vec<Variant> {
             assert!(windowed.wide_ok());
             out.push(windowed);
         }
+        // The wide shape's largest registers: V's head dim 128 with Q/K's
+        // small (Q then stays in shared memory) or not, with and without a
+        // window.
+        for (dqk, dv) in [(16, 128), (64, 128), (96, 128)] {
+            for window in [false, true] {
+                let v = Variant {
+                    kernel: Kernel::MmaFast,
+                    elem,
+                    bias: None,
+                    mask: false,
+                    window,
+                    softcap: false,
+                    alibi: false,
+                    sinks: false,
+                    dqk,
+                    dv,
+                    arch,
+                    key_split: false,
+                    wide: true,
+                };
+                assert!(v.wide_ok());
+                out.push(v);
+            }
+        }
     }
     for elem in [DType::F32, DType::F16, DType::Bf16] {
         out.push(Variant::linear(elem, arch));

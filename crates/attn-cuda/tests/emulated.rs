@@ -78,8 +78,9 @@ fn smoke() {
 /// The fast kernel's wide prefill blocks (`Variant::wide`: 128 rows, two
 /// m-tiles per warp) on what they take: 128 query rows and more, a last
 /// block nearly empty, head dims from 16 to 128 (uneven ones, Q/K unlike
-/// V, 64-key and 32-key tiles), causal and sliding windows in both
-/// alignments, per-sequence lengths, GQA, the BHSD layout and the log-sum-exp.
+/// V, 64-key and 32-key tiles, Q in registers or not), causal and sliding
+/// windows in both alignments, per-sequence lengths, GQA, the BHSD layout,
+/// the log-sum-exp and split-KV partials.
 #[test]
 fn wide_prefill_blocks_pass_the_suite() {
     use attn_conformance::CaseParams;
@@ -112,6 +113,18 @@ fn wide_prefill_blocks_pass_the_suite() {
             DType::Bf16,
             AttnOptions::default().window(Some(40), None),
         ),
+        // Q/K dims under 64 with V's 128 (Q read from shared memory, 32-key
+        // tiles); then few blocks and many keys: split-KV partials.
+        (
+            Shape::new(1, 2, 2, 140, 150, 48).with_head_dim_v(128),
+            DType::F16,
+            AttnOptions::default().causal(),
+        ),
+        (
+            Shape::new(1, 2, 1, 128, 1500, 64),
+            DType::Bf16,
+            AttnOptions::default().with_lse(),
+        ),
     ];
     for (i, (shape, dtype, options)) in cases.into_iter().enumerate() {
         let mut params = CaseParams::plain(shape);
@@ -130,6 +143,12 @@ fn wide_prefill_blocks_pass_the_suite() {
             attn_cuda::emu::SMEM_OPTIN,
         );
         assert!(v.wide, "case {i}: {}", case.describe());
+        // (The emulator plans for more resident blocks than one per SM:
+        // at least as many splits as this.)
+        let splits = attn_cuda::plan::ForwardPlan::new(&case.problem, v, attn_cuda::emu::SMS)
+            .unwrap()
+            .splits;
+        assert_eq!(splits > 1, i == 6, "case {i}: {splits} splits");
         assert_eq!(
             check_case(&fast, &case),
             Ok(Outcome::Passed),

@@ -194,11 +194,15 @@ impl Emulator {
     }
 }
 
-/// Blocks of `v` one sm_90 multiprocessor holds, by threads (2048) and
-/// shared memory (228 KiB, 1 KiB reserved per block) alone: what the
-/// occupancy API answers when registers do not bind.
+/// Blocks of `v` one sm_90 multiprocessor holds, by threads (2048),
+/// shared memory (228 KiB, 1 KiB reserved per block) and, for the wide
+/// shape only, registers: what the occupancy API answers (elsewhere the
+/// registers do not bind).
 fn blocks_per_sm(v: &Variant) -> usize {
     let by_threads = 2048 / v.kernel.threads() as usize;
     let by_smem = (228 * 1024) / (v.smem_bytes() + 1024);
-    by_threads.min(by_smem).clamp(1, 32)
+    // The wide shape takes up to 255 registers a thread (ptxas, `cargo
+    // xtask cuda-check`): two blocks of 128 threads fill an SM's 64k.
+    let by_regs = if v.wide { 2 } else { 32 };
+    by_threads.min(by_smem).min(by_regs).clamp(1, 32)
 }

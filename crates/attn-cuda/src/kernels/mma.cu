@@ -41,7 +41,9 @@
 // FAST (`Kernel::MmaFast`, opt-in until it has passed the suite on a GPU):
 // probabilities packed by `cvt.rn`; each warp's Q fragments held in
 // registers across key tiles when the Q/K head dim pads to at most 128 (32
-// registers; more would spill; under WIDE, two m-tiles' worth, at most 64); K's fragments loaded two n-tiles at a time
+// registers; more would spill; under WIDE, whose output takes twice the
+// registers, only where both head dims pad to at most 64: two m-tiles of
+// Q, 32 registers again); K's fragments loaded two n-tiles at a time
 // by `ldmatrix.x4` (one instruction where four 32-bit loads were); no test
 // per pair on tiles a row sees whole (without a mask tensor); and, where no
 // soft-cap, ALiBi or bias changes the scores (BASE2), scores in base-2
@@ -66,13 +68,14 @@
 #define KSPLIT 1
 #endif
 #define WKEYS (BLOCK_N / KSPLIT)
-// WIDE (`Variant::wide`, set by the host for prefill where the backend
-// allows it): each warp owns MT = 2 m-tiles, 32 rows, and a block 128, as
-// FlashAttention-2's forward does; every K and V fragment a warp reads
-// from shared memory then feeds two mma.sync instead of one, halving the
-// shared-memory reads per tensor-core operation, for twice the score and
-// output registers (the host asks for it only with 64-key tiles and V's
-// head dim padded to at most 128).
+// WIDE (`Variant::wide`, set by the host for the fast kernel's prefill
+// where the backend allows it): each warp owns MT = 2 m-tiles, 32 rows,
+// and a block 128, as FlashAttention-2's forward does; every K and V
+// fragment a warp reads from shared memory then feeds two mma.sync instead
+// of one, halving the shared-memory reads per tensor-core operation, for
+// twice the score and output registers (the host asks for it only with
+// both head dims padded to at most 128, and with 32-key tiles where one
+// is over 64: `Variant::wide_ok`, `Variant::block_n`).
 #if WIDE
 #define MT 2
 #else
@@ -82,7 +85,7 @@ static_assert(!(WIDE && KEY_SPLIT), "a block is wide or splits its keys, not bot
 // A warp's keys are whole k-steps of P V (the host asks for KEY_SPLIT only
 // with 64-key tiles).
 static_assert(WKEYS % 16 == 0, "each warp's keys of a tile are whole k-steps");
-#if FAST && DQK_PAD * MT <= 128
+#if FAST && DQK_PAD * MT <= 128 && (MT == 1 || DV_PAD <= 64)
 #define Q_IN_REGS 1
 #else
 #define Q_IN_REGS 0
