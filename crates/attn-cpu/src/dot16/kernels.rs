@@ -183,7 +183,7 @@ unsafe fn pv<_V, const M: usize, const NV: usize>(
 ///
 /// # Safety
 /// As [`scores`] with `NV = nv`, `M = m`.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn scores_part(
@@ -214,7 +214,7 @@ pub unsafe fn scores_part(
 ///
 /// # Safety
 /// As [`pv`] with `NV = nv`, `M = m`.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn pv_part(
@@ -297,7 +297,7 @@ unsafe fn pair_tile<const NV: usize>(
 /// `m` a multiple of 12 and `n` of 16; every word named above readable
 /// and every float of `C` writable (and readable with `PairOut::Add`);
 /// the CPU runs AVX-512 F and BF16.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
 #[inline(never)]
 pub unsafe fn gemm_pairs(
     (m, n, k2): (usize, usize, usize),
@@ -362,7 +362,7 @@ pub(super) unsafe fn interleave16(lo: __m512, hi: __m512) -> __m512i {
 /// ld_d + c` writable as above; `cols` a multiple of 16; every `x * f` a
 /// normal f32 or 0 (a subnormal would be flushed); the CPU runs AVX-512
 /// BW and BF16.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
 #[inline(never)]
 pub unsafe fn round_row_pairs(
     (src, ld): (*const f32, usize),
@@ -396,7 +396,7 @@ pub unsafe fn round_row_pairs(
 /// # Safety
 /// As [`round_row_pairs`], with `dst + r * ld_d + kp` writable for `r <
 /// rows`, `kp < cols / 2`.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
 #[inline(never)]
 pub unsafe fn round_rows(
     (src, ld): (*const f32, usize),
@@ -437,7 +437,7 @@ pub unsafe fn round_rows(
 ///
 /// # Safety
 /// The CPU runs AVX-512 F, BW and BF16.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
 #[inline(never)]
 pub unsafe fn pack_words(
     even: &[f32],

@@ -236,7 +236,7 @@ pub(super) unsafe fn pack_v_pairs(
 /// even; `kt2`, `vt2` hold `dk / 2`, `dv / 2` rows of `ld >=
 /// round_up(n, 16)` words and `k2r` `ceil(n / 2)` rows of `ks >= dk`
 /// words; the CPU runs AVX-512 F, BW and BF16.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn key_block_pairs(
     (k, kv): (&[u16], &View),

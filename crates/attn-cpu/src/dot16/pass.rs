@@ -25,7 +25,7 @@ use attn_spec::{DType, TileClass};
 ///
 /// # Safety
 /// The CPU runs AVX-512 F/BW, AVX512_BF16, AVX2, FMA and F16C.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
 #[inline(never)]
 pub unsafe fn run_items<T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,
@@ -49,7 +49,7 @@ pub unsafe fn run_items<T: CpuElement, const NV: usize>(
 ///
 /// (With the target features of its own: the closures in it take them
 /// from here, and the intrinsics they call inline only where they are.)
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
 unsafe fn try_pass<T: CpuElement, const NV: usize>(
     ctx: &Ctx<'_, T>,
     items: &[Item],

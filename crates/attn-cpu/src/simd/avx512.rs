@@ -1,5 +1,5 @@
-//! The AVX-512 level: a vector of 16 lanes is one 512-bit register (F and
-//! BW; FMA, F16C and AVX2 come with them). Thirty-two registers: the
+//! The AVX-512 level: a vector of 16 lanes is one 512-bit register (F, BW
+//! and DQ, which every CPU with BW has; FMA, F16C and AVX2 come with them). Thirty-two registers: the
 //! microkernels keep up to 24 accumulators on four vectors of rows.
 
 // Index loops on purpose: they unroll in place, where iterator adaptors
@@ -19,7 +19,7 @@ pub struct V16(pub(crate) __m512);
 crate::microkernel::kernel_entries!(
     V16,
     [1 => 12, 2 => 12, 3 => 8, 4 => 6],
-    "avx512f,avx512bw,avx2,fma,f16c";
+    "avx512f,avx512bw,avx512dq,avx2,fma,f16c";
     dot16: dot16_run_items
 );
 use crate::dot16::run_items as dot16_run_items;
@@ -27,8 +27,8 @@ use crate::dot16::run_items as dot16_run_items;
 /// Runs `op` compiled for this level.
 ///
 /// # Safety
-/// The CPU must run AVX-512 F and BW, AVX2, FMA and F16C.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+/// The CPU must run AVX-512 F, BW and DQ, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx2,fma,f16c")]
 pub unsafe fn enter<O: Op>(op: O) -> O::Output {
     op.run::<V16>()
 }
@@ -36,7 +36,7 @@ pub unsafe fn enter<O: Op>(op: O) -> O::Output {
 /// Applies a 512-bit intrinsic to the registers.
 macro_rules! zmm {
     ($f:expr; $($a:expr),*) => {
-        // SAFETY: a V16 exists only on CPUs with AVX-512 F and BW (the
+        // SAFETY: a V16 exists only on CPUs with AVX-512 F, BW and DQ (the
         // `Vector` contract).
         unsafe { V16($f($($a.0),*)) }
     };
@@ -107,7 +107,7 @@ fn in_lane_sums(m: &[V16; 16]) -> [__m512; 4] {
     }
 }
 
-// SAFETY: every method executes AVX-512 F/BW, AVX2, FMA or F16C
+// SAFETY: every method executes AVX-512 F/BW/DQ, AVX2, FMA or F16C
 // instructions only, which the CPU runs wherever a V16 exists
 // (isa::vectorize checks).
 unsafe impl Vector for V16 {
@@ -279,24 +279,26 @@ unsafe impl Vector for V16 {
     }
     #[inline(always)]
     fn exp2(self) -> Self {
-        // The same reduction and polynomial as `exp::exp2_by_bits`, with
-        // `2^n` applied by vscalefps: a compare, a round, a subtraction,
-        // five FMAs and a scale, three instructions fewer. Lanes at most
-        // -127 (and -inf, whose fraction is NaN) are zeroed by the mask;
-        // NaN lanes compare unordered and stay NaN.
-        let c = &crate::exp::C;
-        // SAFETY: as in `zmm!`.
+        // x = floor(x) + r with r in [0, 1) in one `vreduceps` (exact),
+        // `2^r` by the polynomial fitted on [0, 1) (`exp::C01`), and
+        // `2^floor(x)` applied by `vscalefps`, which floors x itself: a
+        // compare, a reduction, five FMAs and a scale, where the
+        // round-to-nearest reduction of `exp::exp2_by_bits` takes a round
+        // and a subtraction more. Lanes at most -127 are zeroed by the
+        // mask (as on every level); -inf (which reduces to 0) and NaN
+        // compare as such; NaN stays NaN.
+        let c = &crate::exp::C01;
+        // SAFETY: as in `zmm!` (the level has AVX-512 DQ).
         unsafe {
             let x = self.0;
             let keep = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, _mm512_set1_ps(-127.0));
-            // Round to nearest, ties to even, without exceptions.
-            let n = _mm512_roundscale_ps::<0x08>(x);
-            let r = _mm512_sub_ps(x, n);
+            // Round down (01), exceptions suppressed (1000).
+            let r = _mm512_reduce_ps::<0x09>(x);
             let mut p = _mm512_set1_ps(c[5]);
             for &ci in c[..5].iter().rev() {
                 p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ci));
             }
-            V16(_mm512_maskz_scalef_ps(keep, p, n))
+            V16(_mm512_maskz_scalef_ps(keep, p, x))
         }
     }
     #[inline(always)]

@@ -25,7 +25,7 @@ pub enum Isa {
     /// x86-64 with AVX2, FMA and F16C (Intel Haswell, AMD Zen and later):
     /// a vector of 16 lanes is two 256-bit registers.
     Avx2,
-    /// x86-64 with AVX-512 F and BW (Intel Skylake-SP, AMD Zen 4 and
+    /// x86-64 with AVX-512 F, BW and DQ (Intel Skylake-SP, AMD Zen 4 and
     /// later): a vector of 16 lanes is one 512-bit register.
     Avx512,
     /// AVX-512 with AVX512_BF16 and DQ (AMD Zen 4 and later, Intel Cooper
@@ -78,6 +78,7 @@ impl Isa {
                 Isa::Avx2.supported()
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512dq")
             }
             #[cfg(target_arch = "x86_64")]
             // Every CPU with AVX512_BF16 has AVX-512 DQ too (its output
@@ -179,7 +180,7 @@ pub fn vectorize<O: Op>(isa: Isa, op: O) -> O::Output {
     );
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU runs AVX-512 F/BW, AVX2, FMA and F16C (asserted;
+        // SAFETY: the CPU runs AVX-512 F/BW/DQ, AVX2, FMA and F16C (asserted;
         // the bf16 and AMX levels run the same vectors and reach their bf16
         // kernels through `Kernels::run_items` when `Ctx::dot16` says so).
         Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe { super::avx512::enter(op) },
