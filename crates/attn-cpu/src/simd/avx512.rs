@@ -282,9 +282,9 @@ unsafe impl Vector for V16 {
         // x = floor(x) + r with r in [0, 1) in one `vreduceps` (exact),
         // `2^r` by the polynomial fitted on [0, 1) (`exp::C01`), and
         // `2^floor(x)` applied by `vscalefps`, which floors x itself: a
-        // compare, a reduction, five FMAs and a scale, where the
-        // round-to-nearest reduction of `exp::exp2_by_bits` takes a round
-        // and a subtraction more. Lanes at most -127 are zeroed by the
+        // compare, a reduction, five FMAs and a scale (a round to nearest
+        // and a subtraction would take the reduction's place with the
+        // polynomial of `exp::exp2_by_bits`). Lanes at most -127 are zeroed by the
         // mask (as on every level); -inf (which reduces to 0) and NaN
         // compare as such; NaN stays NaN.
         let c = &crate::exp::C01;
