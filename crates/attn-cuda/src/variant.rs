@@ -674,6 +674,72 @@ mod tests {
         assert!(!Variant::for_problem(Kernel::Mma, &plain, (9, 0)).wide);
     }
 
+    /// The `__launch_bounds__` of kernel `function` in `src` (written out,
+    /// or through a macro such as `MMA_BOUNDS`: every definition of it):
+    /// the thread counts, with the source's `#define`s substituted
+    /// (products of names and integers).
+    fn launch_bounds(src: &str, function: &str) -> Vec<usize> {
+        fn eval(expr: &str, src: &str) -> usize {
+            expr.split('*')
+                .map(|f| {
+                    let f = f.trim();
+                    f.parse().unwrap_or_else(|_| {
+                        let def = format!("#define {f} ");
+                        let at = src.find(&def).unwrap_or_else(|| panic!("no {def}"));
+                        eval(src[at + def.len()..].lines().next().unwrap(), src)
+                    })
+                })
+                .product()
+        }
+        // The first argument of the `__launch_bounds__(` that `s` starts with.
+        let first_arg = |s: &str| {
+            let inner = &s["__launch_bounds__(".len()..];
+            inner[..inner.find([',', ')']).unwrap()].to_string()
+        };
+        let ident = |s: &str| -> String {
+            s.trim_start()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        for (at, _) in src.match_indices("__global__ void") {
+            let rest = src[at + "__global__ void".len()..].trim_start();
+            let (exprs, after) = match rest.strip_prefix("__launch_bounds__(") {
+                Some(r) => (vec![first_arg(rest)], &r[r.find(')').unwrap() + 1..]),
+                None => {
+                    // A macro name, then the kernel's.
+                    let m = ident(rest);
+                    assert!(m != function, "{function}: no __launch_bounds__");
+                    let def = format!("#define {m} __launch_bounds__(");
+                    let exprs = src
+                        .match_indices(&def)
+                        .map(|(d, _)| first_arg(&src[d + def.len() - 18..]))
+                        .collect();
+                    (exprs, &rest[m.len()..])
+                }
+            };
+            if ident(after) == function {
+                assert!(!exprs.is_empty(), "{function}: no __launch_bounds__");
+                return exprs.iter().map(|e| eval(e, src)).collect();
+            }
+        }
+        panic!("no kernel {function}")
+    }
+
+    /// A kernel launched with more threads than its `__launch_bounds__`
+    /// fails on a GPU, which the emulator (where the bound is an empty
+    /// macro) would not show: every kernel's bound in its source, under
+    /// each variant's defines, is the block size the host launches.
+    #[test]
+    fn launches_match_the_kernels_launch_bounds() {
+        for v in check_variants((9, 0)) {
+            let src = v.source();
+            for bound in launch_bounds(&src, v.kernel.function()) {
+                assert_eq!(bound, v.kernel.threads() as usize, "{}", v.describe());
+            }
+        }
+    }
+
     #[test]
     fn every_compute_capability_gets_a_target_nvrtc_knows() {
         assert_eq!(arch_name((7, 0)), "sm_70");

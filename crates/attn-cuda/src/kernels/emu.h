@@ -43,7 +43,9 @@
 // `ex2.approx.ftz` is exp2f with subnormals flushed; conversions round to
 // nearest even as the instructions do. Not checked: races between blocks
 // (blocks run one after another), lanes of a warp meeting at different
-// call sites of the same collective, `__launch_bounds__`.
+// call sites of the same collective. `__launch_bounds__` is empty here;
+// a unit test (`variant.rs`, `launches_match_the_kernels_launch_bounds`)
+// checks each kernel's bound against the block the host launches.
 // Needs GCC 12 or Clang 15 (`_Float16`).
 
 #include <cmath>

@@ -68,6 +68,9 @@
 #define KSPLIT 1
 #endif
 #define WKEYS (BLOCK_N / KSPLIT)
+// A warp's keys are whole k-steps of P V (the host asks for KEY_SPLIT only
+// with 64-key tiles).
+static_assert(WKEYS % 16 == 0, "each warp's keys of a tile are whole k-steps");
 // WIDE (`Variant::wide`, set by the host for the fast kernel's prefill
 // where the backend allows it): each warp owns MT = 2 m-tiles, 32 rows,
 // and a block 128, as FlashAttention-2's forward does; every K and V
@@ -82,9 +85,6 @@
 #define MT 1
 #endif
 static_assert(!(WIDE && KEY_SPLIT), "a block is wide or splits its keys, not both");
-// A warp's keys are whole k-steps of P V (the host asks for KEY_SPLIT only
-// with 64-key tiles).
-static_assert(WKEYS % 16 == 0, "each warp's keys of a tile are whole k-steps");
 #if FAST && DQK_PAD * MT <= 128 && (MT == 1 || DV_PAD <= 64)
 #define Q_IN_REGS 1
 #else
