@@ -158,6 +158,62 @@ fn wide_prefill_blocks_pass_the_suite() {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: emu_cases() / 4, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The fast kernel's wide prefill blocks on generated shapes: 128 to
+    /// 300 query rows, up to 600 keys (split-KV where the blocks are few),
+    /// head dims 1 to 128 with Q/K unlike V, every mask kind in both
+    /// alignments, GQA, per-sequence lengths, both layouts, the log-sum-exp
+    /// and the adversarial numbers that keep the wide shape (near-overflow
+    /// scores, subnormals, NaN); each case checks that it runs wide.
+    /// `$ATTN_EMU_CASES / 4` cases (default 6).
+    #[test]
+    fn emulated_wide_blocks_pass_the_suite(
+        (batch, kv_heads, group) in (1..=2usize, 1..=2usize, 1..=2usize),
+        (q_len, kv_len, dqk, dv) in (128..=300usize, 1..=600usize, 1..=128usize, 1..=128usize),
+        kind in proptest::sample::select(attn_conformance::case::mask_kinds()),
+        (top_left, f16, lse, q_lens, kv_lens, bhsd) in any::<(bool, bool, bool, bool, bool, bool)>(),
+        numbers in 0..8usize,
+        seed in any::<u64>(),
+    ) {
+        use attn_conformance::case::Numbers;
+        use attn_conformance::CaseParams;
+        use attn_cuda::plan::{forward_variant, Shapes};
+        use attn_spec::Shape;
+        let shape = Shape::new(batch, kv_heads * group, kv_heads, q_len, kv_len, dqk).with_head_dim_v(dv);
+        let mut params = CaseParams::plain(shape);
+        params.dtype = if f16 { DType::F16 } else { DType::Bf16 };
+        params.options.mask = kind;
+        if top_left {
+            params.options = params.options.top_left();
+        }
+        params.options.return_lse = lse;
+        params.q_lens = q_lens;
+        params.kv_lens = kv_lens;
+        params.bhsd = bhsd;
+        params.numbers = match numbers {
+            0 => Numbers::NearOverflow,
+            1 => Numbers::Subnormal,
+            2 => Numbers::NanVisible,
+            3 if q_lens || kv_lens => Numbers::NanExcluded,
+            _ => Numbers::Plain,
+        };
+        params.seed = seed;
+        let case = Case::build(params);
+        let v = forward_variant(
+            HalfKernel::TensorCoreFast,
+            Shapes::default(),
+            &case.problem,
+            attn_cuda::emu::ARCH,
+            attn_cuda::emu::SMEM_OPTIN,
+        );
+        prop_assert!(v.wide, "{}", case.describe());
+        let fast = Emulator::new().with_half_kernel(HalfKernel::TensorCoreFast);
+        prop_assert_eq!(check_case(&fast, &case), Ok(Outcome::Passed), "{}", case.describe());
+    }
+}
+
 /// The maps hand cases and bad input, then generated cases, as the GPU
 /// suite runs them.
 #[test]
