@@ -44,6 +44,11 @@ pub struct DecodeState {
     /// The rows of `qd` laid out for `mk::scores_quad` when the block
     /// takes it (`mk::quad_ok`), else empty.
     q4: Vec<f32>,
+    /// The query rows as bf16 pairs for `dot16::decode` where the level
+    /// runs it ([`pair_queries`]), else empty.
+    q2: Vec<u32>,
+    /// What multiplies the pair scores: the scale of `qd`.
+    c2: f32,
     /// Running maximum per row (base 2).
     m: [f32; DECODE_ROWS],
     /// Running sum per row.
@@ -77,6 +82,8 @@ impl DecodeState {
             qd,
             qs,
             q4,
+            q2: pair_queries(ctx, item, dk).unwrap_or_default(),
+            c2: scale,
             m: [f32::NEG_INFINITY; DECODE_ROWS],
             l: [0.0; DECODE_ROWS],
             o: vec![0.0; DECODE_ROWS * dv],
@@ -89,6 +96,71 @@ impl DecodeState {
             .map(|r| finish_row(self.m[r], self.l[r], sinks.map(|s| s[item.row(r).1])))
             .collect()
     }
+}
+
+/// The block's query rows as bf16 pairs for `dot16::decode`
+/// (`quad_pairs`): bf16 inputs on a level that runs AVX512_BF16 (the
+/// prefill pass's `Ctx::dot16`, which also means Q's rows are contiguous),
+/// 3 or 4 rows, a head dim that is a multiple of 8, and every element of
+/// the rows fitting the instruction; else `None` (the f32 kernels).
+fn pair_queries<T: CpuElement>(ctx: &Ctx<'_, T>, item: &Item, dk: usize) -> Option<Vec<u32>> {
+    #[cfg(target_arch = "x86_64")]
+    if ctx.dot16
+        && T::DTYPE == attn_spec::DType::Bf16
+        && std::mem::size_of::<T>() == 2
+        && (3..=4).contains(&item.rows())
+        && dk.is_multiple_of(8)
+    {
+        let p = ctx.p;
+        // SAFETY: T is bf16 (checked): two bytes of plain bits each.
+        let q = unsafe { std::slice::from_raw_parts(ctx.q.as_ptr().cast::<u16>(), ctx.q.len()) };
+        let rows: Vec<&[u16]> = (0..item.rows())
+            .map(|r| {
+                let (pos, h) = item.row(r);
+                let at = p.q.index([item.b, pos, h, 0]);
+                &q[at..at + dk]
+            })
+            .collect();
+        return crate::dot16::decode::quad_pairs(&rows, dk);
+    }
+    let _ = (ctx, item, dk);
+    None
+}
+
+/// The tile's scores on `vdpbf16ps` (`dot16::decode::scores_quad_pairs`)
+/// where the block has query pairs and the key rows are bf16 read in
+/// place; whether it computed them (not when a key row does not fit: the
+/// caller then takes the f32 kernels).
+#[inline(always)]
+fn pair_scores<E: CpuElement>(
+    st: &DecodeState,
+    (k, ks): (&[E], usize),
+    (n, dk, rows): (usize, usize, usize),
+    sd: &mut [f32],
+    ahead: RowStream,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if !st.q2.is_empty() && E::DTYPE == attn_spec::DType::Bf16 && std::mem::size_of::<E>() == 2 {
+        // SAFETY: E is bf16 (checked): two bytes of plain bits each.
+        let kb = unsafe { std::slice::from_raw_parts(k.as_ptr().cast::<u16>(), k.len()) };
+        // SAFETY: q2 exists only where `Ctx::dot16` held, which the level
+        // running these kernels sets only where the CPU runs AVX512_BF16
+        // (`dot16::applies`; that level has AVX-512 F, BW and DQ).
+        return unsafe {
+            crate::dot16::decode::scores_quad_pairs(
+                &st.q2,
+                (kb, ks),
+                n,
+                dk,
+                rows,
+                st.c2,
+                (sd, KEYS),
+                ahead,
+            )
+        };
+    }
+    let _ = (st, k, ks, n, dk, rows, sd, ahead);
+    false
 }
 
 /// Runs one item of at most [`DECODE_ROWS`] rows over its keys, reading its
@@ -293,7 +365,9 @@ fn step_rows<V: Vector, T: CpuElement, E: CpuElement, const R: usize>(
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
     debug_assert_eq!(item.rows(), R);
     let per_element = ctx.per_element();
-    if st.q4.is_empty() {
+    if pair_scores(st, (k, ks), (n, dk, R), sd, ahead.0) {
+        // bf16 pairs on `vdpbf16ps`.
+    } else if st.q4.is_empty() {
         mk::scores::<V, E, R>(&st.qd, st.qs, (k, ks), n, dk, (sd, KEYS), ahead.0);
     } else {
         mk::scores_quad::<V, E, R>(&st.q4, (k, ks), n, dk, (sd, KEYS), ahead.0);

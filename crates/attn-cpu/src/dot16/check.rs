@@ -26,19 +26,47 @@ unsafe fn row_fits(row: &[u16]) -> bool {
 
 /// Whether every element of rows `j0..j0+m` of `rows` (`rs` apart, `d`
 /// elements each) [`fits`](super::fits), as [`rows_fit`] for rows
-/// already found contiguous (`typed_rows`).
+/// already found contiguous (`typed_rows`): the smallest and largest
+/// magnitude over the slab, 32 elements at a time (a mask, a decrement, a
+/// minimum and a maximum; the last elements of a row by a masked load,
+/// whose zeros always fit), compared with the window once at the end. A
+/// zero's magnitude less one wraps to the largest word, so only nonzero
+/// elements reach the minimum.
 ///
 /// # Safety
 /// The CPU runs AVX-512 BW.
 #[inline(always)]
 pub(super) unsafe fn slab_fits(rows: &[u16], rs: usize, (j0, m): (usize, usize), d: usize) -> bool {
-    // (A loop, not a closure: a closure loses the level's features.)
-    let mut fit = true;
-    for j in j0..j0 + m {
-        // SAFETY: the CPU runs AVX-512 BW (this function's contract).
-        fit &= unsafe { row_fits(&rows[j * rs..j * rs + d]) };
+    assert!(m == 0 || rows.len() >= (j0 + m - 1) * rs + d);
+    let w = super::FORWARD;
+    // SAFETY: the CPU runs AVX-512 BW (this function's contract); every
+    // load reads inside row j (d elements at j * rs), the last one masked
+    // to the row's remaining elements.
+    unsafe {
+        let abs = _mm512_set1_epi16(0x7fff);
+        let one = _mm512_set1_epi16(1);
+        let (mut mn, mut mx) = (_mm512_set1_epi16(-1), _mm512_setzero_si512());
+        let tail: __mmask32 = (1u32 << (d % 32)).wrapping_sub(1);
+        for j in j0..j0 + m {
+            let row = rows.as_ptr().add(j * rs);
+            let mut c = 0;
+            while c < d {
+                let x = match c + 32 <= d {
+                    true => _mm512_loadu_si512(row.add(c).cast()),
+                    false => _mm512_maskz_loadu_epi16(tail, row.add(c).cast()),
+                };
+                let a = _mm512_and_si512(x, abs);
+                mn = _mm512_min_epu16(mn, _mm512_sub_epi16(a, one));
+                mx = _mm512_max_epu16(mx, a);
+                c += 32;
+            }
+        }
+        // Nonzero magnitudes from exponent lo (fraction 0) to exponent hi
+        // (fraction all ones).
+        let lo = _mm512_set1_epi16(((w.lo << 7) - 1) as i16);
+        let hi = _mm512_set1_epi16(((w.hi << 7) | 0x7f) as i16);
+        _mm512_cmplt_epu16_mask(mn, lo) == 0 && _mm512_cmpgt_epu16_mask(mx, hi) == 0
     }
-    fit
 }
 
 /// Whether every element of rows `j0..j0+n` (batch `b`, head `g`, `d`
@@ -92,5 +120,46 @@ pub(super) unsafe fn misfits_in(x: __m512i, w: super::Window) -> __mmask32 {
         let e = _mm512_and_si512(_mm512_srli_epi16::<7>(x), _mm512_set1_epi16(0xff));
         let off = _mm512_sub_epi16(e, _mm512_set1_epi16(w.lo as i16));
         nonzero & !_mm512_cmple_epu16_mask(off, _mm512_set1_epi16((w.hi - w.lo) as i16))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every bf16 bit pattern, placed among values that fit at every
+    /// position of a row (whole vectors and the masked rest) in a slab of
+    /// rows: the slab fits exactly when [`fits`](super::super::fits) says
+    /// the pattern does; and the rows `rows_fit` reads give the same.
+    #[test]
+    fn slab_fits_agrees_with_fits_on_every_pattern() {
+        if !crate::Isa::Avx512.supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        let ok = attn_spec::bf16::from_f32(0.75).to_bits();
+        for d in [1, 8, 31, 32, 33, 72, 128] {
+            let (rs, m) = (d + 5, 3);
+            let mut rows = vec![ok; 4 * rs];
+            for bits in 0..=u16::MAX {
+                // A row and a column that move with the pattern.
+                let j = 1 + usize::from(bits) % m;
+                let c = usize::from(bits) % d;
+                rows[j * rs + c] = bits;
+                // SAFETY: the CPU runs AVX-512 BW (checked above).
+                let got = unsafe { slab_fits(&rows, rs, (1, m), d) };
+                assert_eq!(
+                    got,
+                    super::super::fits(bits),
+                    "d {d}: {bits:#06x} at ({j}, {c})"
+                );
+                rows[j * rs + c] = ok;
+            }
+            // Padding between rows is not read: a misfit there is ignored.
+            rows[rs + d] = 0x7f80;
+            // SAFETY: as above.
+            assert!(unsafe { slab_fits(&rows, rs, (1, m), d) });
+            rows[rs + d] = ok;
+        }
     }
 }

@@ -45,7 +45,7 @@
 
 //!
 //! Files: `pass.rs` (the pass), `kernels.rs` (the two products and the
-//! backward pass's pair products), `pairs.rs` (Q and V into pairs, P out
+//! backward pass's pair products), `decode.rs` (the decode path's scores), `pairs.rs` (Q and V into pairs, P out
 //! of the softmax, the output write), `fit.rs` and `check.rs` (which
 //! values may enter the instruction, and the vector checks), `tiles.rs`
 //! and `amx.rs` (the products on the AMX tile unit).
@@ -53,6 +53,8 @@
 pub mod amx;
 #[cfg(target_arch = "x86_64")]
 mod check;
+#[cfg(target_arch = "x86_64")]
+pub mod decode;
 mod fit;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
