@@ -36,6 +36,18 @@ fn emu_cases() -> u32 {
         .unwrap_or(24)
 }
 
+/// The variant the fast kernel's emulator runs `case` with (the plan the
+/// emulator follows, `plan::forward_variant`).
+fn fast_variant(case: &Case) -> attn_cuda::Variant {
+    attn_cuda::plan::forward_variant(
+        HalfKernel::TensorCoreFast,
+        attn_cuda::plan::Shapes::default(),
+        &case.problem,
+        attn_cuda::emu::ARCH,
+        attn_cuda::emu::SMEM_OPTIN,
+    )
+}
+
 /// The GPU bundle's smoke cases (`common::smoke_cases`) on every kernel.
 #[test]
 fn smoke() {
@@ -84,7 +96,6 @@ fn smoke() {
 #[test]
 fn wide_prefill_blocks_pass_the_suite() {
     use attn_conformance::CaseParams;
-    use attn_cuda::plan::{forward_variant, Shapes};
     use attn_spec::{AttnOptions, Shape};
     let fast = Emulator::new().with_half_kernel(HalfKernel::TensorCoreFast);
     let cases = [
@@ -135,13 +146,7 @@ fn wide_prefill_blocks_pass_the_suite() {
         params.bhsd = i == 3;
         params.seed = i as u64;
         let case = Case::build(params);
-        let v = forward_variant(
-            HalfKernel::TensorCoreFast,
-            Shapes::default(),
-            &case.problem,
-            attn_cuda::emu::ARCH,
-            attn_cuda::emu::SMEM_OPTIN,
-        );
+        let v = fast_variant(&case);
         assert!(v.wide, "case {i}: {}", case.describe());
         // (The emulator plans for more resident blocks than one per SM:
         // at least as many splits as this.)
@@ -179,7 +184,6 @@ proptest! {
     ) {
         use attn_conformance::case::Numbers;
         use attn_conformance::CaseParams;
-        use attn_cuda::plan::{forward_variant, Shapes};
         use attn_spec::Shape;
         let shape = Shape::new(batch, kv_heads * group, kv_heads, q_len, kv_len, dqk).with_head_dim_v(dv);
         let mut params = CaseParams::plain(shape);
@@ -201,13 +205,7 @@ proptest! {
         };
         params.seed = seed;
         let case = Case::build(params);
-        let v = forward_variant(
-            HalfKernel::TensorCoreFast,
-            Shapes::default(),
-            &case.problem,
-            attn_cuda::emu::ARCH,
-            attn_cuda::emu::SMEM_OPTIN,
-        );
+        let v = fast_variant(&case);
         prop_assert!(v.wide, "{}", case.describe());
         let fast = Emulator::new().with_half_kernel(HalfKernel::TensorCoreFast);
         prop_assert_eq!(check_case(&fast, &case), Ok(Outcome::Passed), "{}", case.describe());

@@ -184,21 +184,25 @@ mod tests {
                     let k: Vec<bf16> = (0..n * ks).map(|_| next()).collect();
                     let kb: Vec<u16> = k.iter().map(|v| v.to_bits()).collect();
                     let ss = n.div_ceil(16) * 16;
-                    let mut s = vec![f32::NAN; rows * ss];
                     let c = 0.7;
-                    // SAFETY: the CPU runs the level (checked above).
-                    let fit = unsafe {
-                        scores_quad_pairs(
-                            &q2,
-                            (&kb, ks),
-                            n,
-                            d,
-                            rows,
-                            c,
-                            (&mut s, ss),
-                            RowStream::NONE,
-                        )
+                    let run = |k: &[u16]| {
+                        let mut s = vec![f32::NAN; rows * ss];
+                        // SAFETY: the CPU runs the level (checked above).
+                        let fit = unsafe {
+                            scores_quad_pairs(
+                                &q2,
+                                (k, ks),
+                                n,
+                                d,
+                                rows,
+                                c,
+                                (&mut s, ss),
+                                RowStream::NONE,
+                            )
+                        };
+                        (fit, s)
                     };
+                    let (fit, s) = run(&kb);
                     assert!(fit);
                     for r in 0..rows {
                         for j in 0..n {
@@ -230,20 +234,7 @@ mod tests {
                     ] {
                         let mut bad = kb.clone();
                         bad[at] = bf16::from_f32(x).to_bits();
-                        // SAFETY: as above.
-                        let fit = unsafe {
-                            scores_quad_pairs(
-                                &q2,
-                                (&bad, ks),
-                                n,
-                                d,
-                                rows,
-                                c,
-                                (&mut s, ss),
-                                RowStream::NONE,
-                            )
-                        };
-                        assert_eq!(fit, fits, "d {d} n {n}: {x} at {at}");
+                        assert_eq!(run(&bad).0, fits, "d {d} n {n}: {x} at {at}");
                     }
                 }
                 let mut big = qb.clone();
