@@ -105,15 +105,10 @@ impl DecodeState {
 /// the rows fitting the instruction; else `None` (the f32 kernels).
 fn pair_queries<T: CpuElement>(ctx: &Ctx<'_, T>, item: &Item, dk: usize) -> Option<Vec<u32>> {
     #[cfg(target_arch = "x86_64")]
-    if ctx.dot16
-        && T::DTYPE == attn_spec::DType::Bf16
-        && std::mem::size_of::<T>() == 2
-        && (3..=4).contains(&item.rows())
-        && dk.is_multiple_of(8)
+    if let Some(q) = crate::dot16::bf16_bits(ctx.q)
+        .filter(|_| ctx.dot16 && (3..=4).contains(&item.rows()) && dk.is_multiple_of(8))
     {
         let p = ctx.p;
-        // SAFETY: T is bf16 (checked): two bytes of plain bits each.
-        let q = unsafe { std::slice::from_raw_parts(ctx.q.as_ptr().cast::<u16>(), ctx.q.len()) };
         let rows: Vec<&[u16]> = (0..item.rows())
             .map(|r| {
                 let (pos, h) = item.row(r);
@@ -140,9 +135,7 @@ fn pair_scores<E: CpuElement>(
     ahead: RowStream,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if !st.q2.is_empty() && E::DTYPE == attn_spec::DType::Bf16 && std::mem::size_of::<E>() == 2 {
-        // SAFETY: E is bf16 (checked): two bytes of plain bits each.
-        let kb = unsafe { std::slice::from_raw_parts(k.as_ptr().cast::<u16>(), k.len()) };
+    if let Some(kb) = crate::dot16::bf16_bits(k).filter(|_| !st.q2.is_empty()) {
         // SAFETY: q2 exists only where `Ctx::dot16` held, which the level
         // running these kernels sets only where the CPU runs AVX512_BF16
         // (`dot16::applies`; that level has AVX-512 F, BW and DQ).

@@ -163,8 +163,7 @@ pub fn block_from_inputs<T: CpuElement>(
             && n <= BWD_KEYS
             && ws.k2r.len() >= n.div_ceil(2) * dqkp
     );
-    // SAFETY: T is bf16 (asserted): two bytes of plain bits each.
-    let bits = |x: &[T]| unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u16>(), x.len()) };
+    let bits = |x| crate::dot16::bf16_bits(x).expect("bf16 (asserted)");
     ws.kt2.resize(dqkp / 2 * BWD_KEYS, 0);
     ws.vt2.resize(dvp / 2 * BWD_KEYS, 0);
     // SAFETY: rows contiguous and dims even (asserted); kt2 and vt2 hold

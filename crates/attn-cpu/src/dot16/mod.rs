@@ -90,6 +90,17 @@ pub fn applies<T: Element>(ctx: &Ctx<'_, T>, isa: Isa) -> bool {
 
 #[cfg(target_arch = "x86_64")]
 pub use pairs::write_rows_bf16;
+
+/// The elements of `s` as their bits when `T` is bf16 (the pair kernels'
+/// input), else `None`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub fn bf16_bits<T: Element>(s: &[T]) -> Option<&[u16]> {
+    (T::DTYPE == DType::Bf16 && std::mem::size_of::<T>() == 2).then(|| {
+        // SAFETY: T is bf16 (checked): two bytes of plain bits each, as
+        // many as `s` holds.
+        unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u16>(), s.len()) }
+    })
+}
 #[cfg(target_arch = "x86_64")]
 pub use pass::run_items;
 

@@ -56,8 +56,7 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
     ws: &mut Workspace,
 ) -> Option<[OnlineSoftmax<V16, NV>; 2]> {
     assert!(ctx.dot16 && T::DTYPE == DType::Bf16 && size_of::<T>() == 2);
-    // SAFETY: T is bf16 (asserted): two bytes of plain bits each.
-    let bits = |s: &[T]| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u16>(), s.len()) };
+    let bits = |s| super::bf16_bits(s).expect("bf16 (asserted)");
     let (q, k, v) = (bits(ctx.q), bits(ctx.k), bits(ctx.v));
     let p = ctx.p;
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
