@@ -25,7 +25,9 @@
 //!   denominator), so the output moves by at most `(exp(2 Delta) - 1) *
 //!   max|v|`;
 //! - the exponential may be approximated with relative error `EXP_REL_ERR`
-//!   (twice: numerator and denominator), the denominator and the `p v` sums
+//!   (`EXP_REL_ERR_BF16` for bf16 inputs, whose probabilities a backend
+//!   may round to bf16 anyway) (twice: numerator and denominator), the
+//!   denominator and the `p v` sums
 //!   of `n` terms add `gamma(n + 2)` each, probabilities rounded to the input
 //!   type add `u_in`, and the output's final rounding adds `u_out`, all
 //!   relative to `max|v|` (the output is a convex combination of values).
@@ -46,6 +48,16 @@ use attn_spec::DType;
 /// Largest relative error allowed of a backend's exponential (about 8
 /// ulps of f32; attn-cpu's fast exp is tested against it).
 pub const EXP_REL_ERR: f64 = 1.0 / (1u64 << 20) as f64;
+
+/// Largest relative error allowed of a backend's exponential on bf16
+/// inputs: 2^-13. A backend may round the probabilities to bf16 before
+/// they multiply V (SEMANTICS section 7), a relative error of up to 2^-9
+/// each; an exponential within 2^-13 adds a sixteenth of that, and
+/// attn-cpu's bf16 pass computes its probabilities with such a cheaper
+/// one (a degree-3 polynomial, 8.6e-5 = 2^-13.5). It enters the output's
+/// floor as `2 * 2^-13 = 2^-12` of `max|v|` (against `u_in + u_out =
+/// 2^-8`) and the log-sum-exp's as `2^-12` absolute.
+pub const EXP_REL_ERR_BF16: f64 = 1.0 / (1u64 << 13) as f64;
 
 const U32: f64 = f32::EPSILON as f64 / 2.0;
 
@@ -98,12 +110,16 @@ pub fn half_subnormal(dtype: DType) -> f64 {
 
 impl Arith {
     /// A backend on `dtype` inputs: f32 arithmetic, an exponential within
-    /// [`EXP_REL_ERR`], probabilities possibly rounded to the input type,
-    /// output in the input type, log-sum-exp in f32.
+    /// [`EXP_REL_ERR`] ([`EXP_REL_ERR_BF16`] on bf16), probabilities
+    /// possibly rounded to the input type, output in the input type,
+    /// log-sum-exp in f32.
     pub fn backend(dtype: DType) -> Self {
         Arith {
             u: U32,
-            exp_err: EXP_REL_ERR,
+            exp_err: match dtype {
+                DType::Bf16 => EXP_REL_ERR_BF16,
+                _ => EXP_REL_ERR,
+            },
             u_in: match dtype {
                 DType::F16 | DType::Bf16 => dtype.unit_roundoff(),
                 _ => 0.0,

@@ -21,6 +21,19 @@
 //! (2^-20) for every result of at least 2^-126. Inputs must be at most
 //! 127. [`tanh`] (the soft-cap) is built on it. Both are generic over the
 //! level's vectors and inlined into its kernels.
+//!
+//! **The coarse exponential** (`Vector::exp2_coarse`): where the
+//! probabilities are rounded to bf16 before they multiply V (the bf16
+//! pass on `vdpbf16ps` or the tile unit), each already carries a relative
+//! error of up to 2^-9 from that rounding, and an exponential within
+//! 2^-13 adds a sixteenth of it. AVX-512 then takes
+//! the degree-3 polynomial [`C01_COARSE`] (fitted as [`C01`]: 8.6e-5 =
+//! 2^-13.5 exact and evaluated in f32), two FMAs fewer per probability:
+//! the exponential was about a tenth of that pass's time at d = 64
+//! (Zen 4). The conformance bound allows an exponential of 2^-13 for bf16
+//! inputs (`attn_conformance::tolerance::EXP_REL_ERR_BF16`); it moves the
+//! output by at most 2^-12 of `max|v|` and the log-sum-exp by 2^-13
+//! more. Other levels compute [`exp2`] there.
 
 use crate::simd::Vector;
 
@@ -47,6 +60,11 @@ pub(crate) const C01: [f32; 6] = [
     0.009_017_062,
     0.001_867_114_7,
 ];
+
+/// The degree-3 polynomial for `r` in `[0, 1)` of the coarse
+/// exponential (module docs), fitted as [`C01`] (relative error, constant
+/// term exactly 1).
+pub(crate) const C01_COARSE: [f32; 4] = [1.0, 0.695_114_9, 0.227_653_56, 0.077_059_18];
 
 /// `2^x` lane by lane (see the module docs for range and accuracy):
 /// the level's [`Vector::exp2`].
@@ -111,12 +129,22 @@ mod tests {
     /// allows an exponential (attn_conformance::tolerance::EXP_REL_ERR).
     const EXP_REL_ERR: f64 = 1.0 / (1u64 << 20) as f64;
 
+    /// 2^-13: the same for bf16 inputs, the bound of the coarse
+    /// exponential (attn_conformance::tolerance::EXP_REL_ERR_BF16).
+    const COARSE_REL_ERR: f64 = 1.0 / (1u64 << 13) as f64;
+
     fn check<V: Vector>(xs: &[f32]) -> f64 {
+        check_with(xs, exp2::<V>)
+    }
+
+    /// The worst relative error of `f` over `xs` (results of at least
+    /// 2^-126; smaller ones must stay below it).
+    fn check_with<V: Vector>(xs: &[f32], f: impl Fn(V) -> V) -> f64 {
         let mut worst = 0.0f64;
         for chunk in xs.chunks(16) {
             let mut a = [0.0f32; 16];
             a[..chunk.len()].copy_from_slice(chunk);
-            let y = exp2(V::from(a)).to_array();
+            let y = f(V::from(a)).to_array();
             for (i, &x) in chunk.iter().enumerate() {
                 let want = f64::from(x).exp2();
                 let got = f64::from(y[i]);
@@ -149,22 +177,51 @@ mod tests {
         assert!(check::<V>(&edges) <= EXP_REL_ERR);
     }
 
-    /// [`C01`] on its own interval, evaluated as AVX-512 does (Horner with
-    /// FMAs, in f32), on any CPU: within 1.5e-7 (about 1.2 ulp) of `2^r`.
-    #[test]
-    fn the_floor_reduction_polynomial_is_accurate_on_its_interval() {
+    /// The worst relative error of the polynomial `c` on `[0, 1)`,
+    /// evaluated as AVX-512 does (Horner with FMAs, in f32).
+    fn poly_error(c: &[f32]) -> f64 {
         let mut worst = 0.0f64;
         for i in 0..=1_000_000u32 {
             let r = (f64::from(i) / 1_000_000.0).min(1.0 - f64::from(f32::EPSILON) / 2.0) as f32;
-            let mut p = C01[5];
-            for &c in C01[..5].iter().rev() {
-                p = p.mul_add(r, c);
+            let mut p = c[c.len() - 1];
+            for &ci in c[..c.len() - 1].iter().rev() {
+                p = p.mul_add(r, ci);
             }
             let want = f64::from(r).exp2();
             worst = worst.max((f64::from(p) - want).abs() / want);
         }
+        worst
+    }
+
+    /// [`C01`] on its own interval, on any CPU: within 1.5e-7 (about 1.2
+    /// ulp) of `2^r`; [`C01_COARSE`] within 8.7e-5 (under
+    /// [`COARSE_REL_ERR`], 1.2e-4). Both give `2^0 = 1` exactly.
+    #[test]
+    fn the_floor_reduction_polynomials_are_accurate_on_their_interval() {
+        let worst = poly_error(&C01);
         assert!(worst < 1.5e-7, "worst relative error {worst:e}");
-        assert_eq!(C01[0], 1.0);
+        let coarse = poly_error(&C01_COARSE);
+        assert!(coarse < 8.7e-5, "coarse: {coarse:e}");
+        assert_eq!((C01[0], C01_COARSE[0]), (1.0, 1.0));
+    }
+
+    /// The coarse exponential on every level (the accurate one where a
+    /// level has no coarse one): within [`COARSE_REL_ERR`] over the
+    /// softmax's range and at the reduction's edges, with the special
+    /// values of [`exp2`].
+    #[test]
+    fn coarse_exponential_is_within_its_allowance() {
+        for_each_vector!(coarse_error);
+    }
+
+    fn coarse_error<V: Vector>() {
+        let xs: Vec<f32> = (0..2_000_000)
+            .map(|i| -130.0 + 140.0 * i as f32 / 2_000_000.0)
+            .chain((-254..=20).map(|i| i as f32 * 0.5))
+            .collect();
+        let worst = check_with::<V>(&xs, V::exp2_coarse);
+        assert!(worst <= COARSE_REL_ERR, "{:?}: {worst:e}", V::ISA);
+        specials_of(V::exp2_coarse, COARSE_REL_ERR * 2f64.sqrt());
     }
 
     #[test]
@@ -230,7 +287,13 @@ mod tests {
     }
 
     fn special<V: Vector>() {
-        let y = exp2(V::from([
+        specials_of(exp2::<V>, 2.0 * f64::from(f32::EPSILON));
+    }
+
+    /// `f`'s special values: -inf, -127 and below give 0, NaN stays NaN,
+    /// integers are exact, and `2^0.5` is within `tol`.
+    fn specials_of<V: Vector>(f: impl Fn(V) -> V, tol: f64) {
+        let y = f(V::from([
             f32::NEG_INFINITY,
             f32::NAN,
             0.0,
@@ -257,6 +320,10 @@ mod tests {
         assert_eq!(y[5], 2.0);
         assert_eq!(y[6], 0.5);
         assert_eq!(y[7], 2f32.powi(-126));
-        assert!((y[8] - 2f32.sqrt()).abs() <= 2.0 * f32::EPSILON);
+        assert!(
+            (f64::from(y[8]) - 2f64.sqrt()).abs() <= tol,
+            "2^0.5: {}",
+            y[8]
+        );
     }
 }

@@ -65,7 +65,9 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     /// of keys instead of storing them: `emit(i, v, p_2i, p_2i+1)` for each
     /// pair `i < ceil(n/2)` and vector `v` of rows (the partner of an odd
     /// last key is 0), for the bf16 pair layout of `dot16/`. The sum runs
-    /// over the unrounded probabilities. `top`, when given, holds each
+    /// over the unrounded probabilities. They come from the coarse
+    /// exponential (`Vector::exp2_coarse`): the caller rounds them to
+    /// bf16. `top`, when given, holds each
     /// row's largest score in the tile (`NV * 16` floats, as the score
     /// kernel folded them): the tile is not read for it again.
     #[allow(clippy::needless_range_loop)] // `v` indexes alpha and the tile
@@ -93,13 +95,13 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
                         load::<V>(st.as_ptr().add(col(2 * i + 1))),
                     )
                 };
-                let (e0, e1) = (exp2(s0 - shift), exp2(s1 - shift));
+                let (e0, e1) = ((s0 - shift).exp2_coarse(), (s1 - shift).exp2_coarse());
                 emit(i, v, e0, e1);
                 sum += e0 + e1;
             }
             if n % 2 == 1 {
                 // SAFETY: n - 1 < n: 16 floats at col(n - 1).
-                let e = exp2(unsafe { load::<V>(st.as_ptr().add(col(n - 1))) } - shift);
+                let e = (unsafe { load::<V>(st.as_ptr().add(col(n - 1))) } - shift).exp2_coarse();
                 emit(n / 2, v, e, V::ZERO);
                 sum += e;
             }

@@ -107,6 +107,28 @@ fn in_lane_sums(m: &[V16; 16]) -> [__m512; 4] {
     }
 }
 
+/// `2^x` lane by lane with `2^r`, `r` in `[0, 1)`, the polynomial of
+/// coefficients `c` (constant term first): `x = floor(x) + r` in one
+/// `vreduceps` (exact), Horner's rule on FMAs, and `2^floor(x)` applied
+/// by `vscalefps`, which floors x itself. Lanes at most -127 are zeroed by
+/// the mask (as on every level); -inf (which reduces to 0) and NaN compare
+/// as such; NaN stays NaN.
+#[inline(always)]
+fn exp2_on<const N: usize>(x: V16, c: &[f32; N]) -> V16 {
+    // SAFETY: as in `zmm!` (the level has AVX-512 DQ).
+    unsafe {
+        let x = x.0;
+        let keep = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, _mm512_set1_ps(-127.0));
+        // Round down (01), exceptions suppressed (1000).
+        let r = _mm512_reduce_ps::<0x09>(x);
+        let mut p = _mm512_set1_ps(c[N - 1]);
+        for &ci in c[..N - 1].iter().rev() {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ci));
+        }
+        V16(_mm512_maskz_scalef_ps(keep, p, x))
+    }
+}
+
 // SAFETY: every method executes AVX-512 F/BW/DQ, AVX2, FMA or F16C
 // instructions only, which the CPU runs wherever a V16 exists
 // (isa::vectorize checks).
@@ -284,22 +306,14 @@ unsafe impl Vector for V16 {
         // `2^floor(x)` applied by `vscalefps`, which floors x itself: a
         // compare, a reduction, five FMAs and a scale (a round to nearest
         // and a subtraction would take the reduction's place with the
-        // polynomial of `exp::exp2_by_bits`). Lanes at most -127 are zeroed by the
-        // mask (as on every level); -inf (which reduces to 0) and NaN
-        // compare as such; NaN stays NaN.
-        let c = &crate::exp::C01;
-        // SAFETY: as in `zmm!` (the level has AVX-512 DQ).
-        unsafe {
-            let x = self.0;
-            let keep = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, _mm512_set1_ps(-127.0));
-            // Round down (01), exceptions suppressed (1000).
-            let r = _mm512_reduce_ps::<0x09>(x);
-            let mut p = _mm512_set1_ps(c[5]);
-            for &ci in c[..5].iter().rev() {
-                p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ci));
-            }
-            V16(_mm512_maskz_scalef_ps(keep, p, x))
-        }
+        // polynomial of `exp::exp2_by_bits`).
+        exp2_on(self, &crate::exp::C01)
+    }
+    #[inline(always)]
+    fn exp2_coarse(self) -> Self {
+        // As `exp2`, with the degree-3 polynomial (`exp::C01_COARSE`):
+        // two FMAs fewer.
+        exp2_on(self, &crate::exp::C01_COARSE)
     }
     #[inline(always)]
     fn replace_where_eq(self, key: Self, eq: f32, with: f32) -> Self {

@@ -158,6 +158,15 @@ pub unsafe trait Vector:
     fn exp2(self) -> Self {
         crate::exp::exp2_by_bits(self)
     }
+    /// `2^self` lane by lane within 2^-13 (`crate::exp`'s coarse exponential)
+    /// instead of [`Vector::exp2`]'s 2^-20, for probabilities rounded to
+    /// bf16 before they multiply V (`crate::exp` says why that is enough);
+    /// the same special values. A level without a cheaper one computes
+    /// [`Vector::exp2`].
+    #[inline(always)]
+    fn exp2_coarse(self) -> Self {
+        self.exp2()
+    }
     /// Lanes where `key == eq` become `with`; the others keep `self`.
     fn replace_where_eq(self, key: Self, eq: f32, with: f32) -> Self;
     /// Lanes where `self < bound` take `then`, the others `other`.
