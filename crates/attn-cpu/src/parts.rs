@@ -119,11 +119,48 @@ impl Parts {
             .iter()
             .map(|&(a, b, v0, v1)| (a..b, v0..v1))
     }
+
+    /// For each of `NV` vectors, the keys `(a, b)` that the parts holding
+    /// it span (their hull; `(0, 0)` for a vector in none): the only
+    /// probabilities of the vector that `P V` reads. Outside them every
+    /// row of the vector is masked, so the softmax skips them (on a tile
+    /// across the diagonal, each vector stops at its last row's diagonal).
+    pub fn spans<const NV: usize>(&self) -> [(usize, usize); NV] {
+        let mut spans = [(usize::MAX, 0); NV];
+        for (keys, vecs) in self.iter() {
+            for s in &mut spans[vecs] {
+                *s = (s.0.min(keys.start), s.1.max(keys.end));
+            }
+        }
+        spans.map(|(a, b)| if a < b { (a, b) } else { (0, 0) })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The keys each vector's `P V` reads: on a causal tile each vector
+    /// stops at its last row's diagonal; a part that starts at an odd key
+    /// gives it to the part before, whose vectors then all read that
+    /// part's keys; a vector in no part reads none.
+    #[test]
+    fn spans_hold_the_parts_of_each_vector() {
+        let causal = Parts::cut(&[(0, 16), (0, 32), (0, 48), (0, 64)], (0, 64));
+        let want = [(0, 16), (0, 32), (0, 48), (0, 64)];
+        assert_eq!(causal.spans::<4>(), want);
+        assert_eq!(causal.paired().spans::<4>(), want);
+        // Vector 0 sees keys 0..17 and vector 1 keys 17..40 of the tile
+        // at key 100; paired, key 17 joins the first part, so vector 1
+        // reads its keys from 0.
+        let odd = Parts::cut(&[(100, 117), (117, 140), (0, 0), (0, 0)], (100, 64));
+        assert_eq!(odd.spans::<4>(), [(0, 17), (17, 40), (0, 0), (0, 0)]);
+        assert_eq!(
+            odd.paired().spans::<4>(),
+            [(0, 18), (0, 40), (0, 0), (0, 0)]
+        );
+        assert_eq!(Parts::whole(37, 2).spans::<2>(), [(0, 37); 2]);
+    }
 
     fn parts(bounds: &[(usize, usize)], tile: (usize, usize)) -> Vec<(Range<usize>, Range<usize>)> {
         Parts::cut(bounds, tile).iter().collect()

@@ -32,23 +32,37 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
         }
     }
 
-    /// Folds the score tile `st` (`n x NV*16`) into the state, replaces it by
-    /// the probabilities `2^(s - m')`, and returns the rescale factors
-    /// `alpha` for the running output. `top`, when given, holds each row's
-    /// largest score in the tile (`NV*16` floats, as the score kernels
-    /// folded them): the tile is not read for it again.
+    /// Folds the score tile `st` (`n x NV*16`) into the state, replaces
+    /// vector `v`'s scores of keys `keys[v]` (a range within `0..n`) by the
+    /// probabilities `2^(s - m')`, and returns the rescale factors `alpha`
+    /// for the running output. Vector `v`'s scores outside its keys must be
+    /// `-inf` (masked): they are neither read nor replaced, and a vector
+    /// with no keys keeps its state (rescale factor 1). `top`, when given,
+    /// holds each row's largest score in the tile (`NV*16` floats, as the
+    /// score kernels folded them): the tile is not read for it again.
     #[allow(clippy::needless_range_loop)] // `v` indexes alpha and the tile
     #[inline(always)]
-    pub fn update(&mut self, st: &mut [f32], n: usize, top: Option<&[f32]>) -> [V; NV] {
+    pub fn update(
+        &mut self,
+        st: &mut [f32],
+        n: usize,
+        keys: &[(usize, usize); NV],
+        top: Option<&[f32]>,
+    ) -> [V; NV] {
         let w = NV * LANES;
         assert!(st.len() >= n * w);
         let mut alpha = [V::ONE; NV];
         for v in 0..NV {
+            let (a, b) = keys[v];
+            assert!(a <= b && b <= n);
+            if a == b {
+                continue;
+            }
             let col = |j: usize| j * w + v * LANES;
             let shift;
-            (shift, alpha[v]) = self.max_of(st, n, top, v);
+            (shift, alpha[v]) = self.max_of(st, a..b, top, v);
             let mut sum = V::ZERO;
-            for j in 0..n {
+            for j in a..b {
                 let p = st.as_mut_ptr();
                 // SAFETY: j < n and the assert above: 16 floats at col(j).
                 let e = exp2(unsafe { load::<V>(p.add(col(j))) } - shift);
@@ -63,8 +77,11 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
 
     /// [`OnlineSoftmax::update`] that hands the probabilities out in pairs
     /// of keys instead of storing them: `emit(i, v, p_2i, p_2i+1)` for each
-    /// pair `i < ceil(n/2)` and vector `v` of rows (the partner of an odd
-    /// last key is 0), for the bf16 pair layout of `dot16/`. The sum runs
+    /// pair `i` in `pairs[v]` (a range within `0..ceil(n/2)`) and vector
+    /// `v` of rows (the partner of an odd last key is 0), for the bf16 pair
+    /// layout of `dot16/`. Vector `v`'s scores outside its pairs must be
+    /// `-inf` (masked): they are not read, and a vector with no pairs
+    /// keeps its state (rescale factor 1). The sum runs
     /// over the unrounded probabilities. They come from the coarse
     /// exponential (`Vector::exp2_coarse`): the caller rounds them to
     /// bf16. `top`, when given, holds each
@@ -76,6 +93,7 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
         &mut self,
         st: &[f32],
         n: usize,
+        pairs: &[(usize, usize); NV],
         top: Option<&[f32]>,
         mut emit: impl FnMut(usize, usize, V, V),
     ) -> [V; NV] {
@@ -83,11 +101,16 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
         assert!(st.len() >= n * w);
         let mut alpha = [V::ONE; NV];
         for v in 0..NV {
+            let (i0, i1) = pairs[v];
+            assert!(i0 <= i1 && i1 <= n.div_ceil(2));
+            if i0 == i1 {
+                continue;
+            }
             let col = |j: usize| j * w + v * LANES;
             let shift;
-            (shift, alpha[v]) = self.max_of(st, n, top, v);
+            (shift, alpha[v]) = self.max_of(st, 2 * i0..(2 * i1).min(n), top, v);
             let mut sum = V::ZERO;
-            for i in 0..n / 2 {
+            for i in i0..i1.min(n / 2) {
                 // SAFETY: 2i + 1 < n and the assert above: 16 floats at each.
                 let (s0, s1) = unsafe {
                     (
@@ -99,7 +122,8 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
                 emit(i, v, e0, e1);
                 sum += e0 + e1;
             }
-            if n % 2 == 1 {
+            if i1 > n / 2 {
+                // (n is odd and the last pair is key n - 1 alone.)
                 // SAFETY: n - 1 < n: 16 floats at col(n - 1).
                 let e = (unsafe { load::<V>(st.as_ptr().add(col(n - 1))) } - shift).exp2_coarse();
                 emit(n / 2, v, e, V::ZERO);
@@ -110,16 +134,17 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
         alpha
     }
 
-    /// Folds the maximum of vector `v`'s scores in the tile into the state;
-    /// returns the shift for the probabilities (the new maximum, or 0 for
-    /// rows that have seen only masked scores) and the rescale factor.
+    /// Folds the maximum of vector `v`'s scores of keys `keys` of the tile
+    /// into the state; returns the shift for the probabilities (the new
+    /// maximum, or 0 for rows that have seen only masked scores) and the
+    /// rescale factor.
     #[inline(always)]
-    fn new_max(&mut self, st: &[f32], n: usize, v: usize) -> (V, V) {
+    fn new_max(&mut self, st: &[f32], keys: std::ops::Range<usize>, v: usize) -> (V, V) {
         let w = NV * LANES;
-        assert!(st.len() >= n * w && v < NV);
+        assert!(st.len() >= keys.end * w && v < NV);
         let mut mx = self.m[v];
-        for j in 0..n {
-            // SAFETY: j < n and v < NV (asserted): 16 floats in st.
+        for j in keys {
+            // SAFETY: j < keys.end and v < NV (asserted): 16 floats in st.
             mx = mx.fast_max(unsafe { load::<V>(st.as_ptr().add(j * w + v * LANES)) });
         }
         self.shift_to(mx, v)
@@ -127,7 +152,13 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
 
     /// [`OnlineSoftmax::new_max`] from the tile's maxima `top` when given.
     #[inline(always)]
-    fn max_of(&mut self, st: &[f32], n: usize, top: Option<&[f32]>, v: usize) -> (V, V) {
+    fn max_of(
+        &mut self,
+        st: &[f32],
+        keys: std::ops::Range<usize>,
+        top: Option<&[f32]>,
+        v: usize,
+    ) -> (V, V) {
         match top {
             Some(t) => {
                 assert!(t.len() >= NV * LANES && v < NV);
@@ -135,7 +166,7 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
                 let t = unsafe { load::<V>(t.as_ptr().add(v * LANES)) };
                 self.shift_to(self.m[v].fast_max(t), v)
             }
-            None => self.new_max(st, n, v),
+            None => self.new_max(st, keys, v),
         }
     }
 
@@ -261,8 +292,8 @@ mod tests {
         let mut a = OnlineSoftmax::<V, 4>::new();
         let mut t1 = st[..ROWS].to_vec();
         let mut t2 = st[ROWS..].to_vec();
-        a.update(&mut t1, 1, None);
-        a.update(&mut t2, 2, None);
+        a.update(&mut t1, 1, &[(0, 1); 4], None);
+        a.update(&mut t2, 2, &[(0, 2); 4], None);
         // The same tiles with their maxima given (as the score kernels
         // fold them) give the same state and probabilities, bit for bit.
         let mut b = OnlineSoftmax::<V, 4>::new();
@@ -277,8 +308,8 @@ mod tests {
                 .collect()
         };
         let (m1, m2) = (top(&u1, 1), top(&u2, 2));
-        b.update(&mut u1, 1, Some(&m1));
-        b.update(&mut u2, 2, Some(&m2));
+        b.update(&mut u1, 1, &[(0, 1); 4], Some(&m1));
+        b.update(&mut u2, 2, &[(0, 2); 4], Some(&m2));
         assert!(t1 == u1 && t2 == u2);
         for r in 0..ROWS {
             assert_eq!(a.finish(r, None), b.finish(r, None));
@@ -310,7 +341,7 @@ mod tests {
     fn masked_rows<V: Vector>() {
         let mut s = OnlineSoftmax::<V, 4>::new();
         let mut st = vec![f32::NEG_INFINITY; 2 * ROWS];
-        let alpha = s.update(&mut st, 2, None);
+        let alpha = s.update(&mut st, 2, &[(0, 2); 4], None);
         assert!(st.iter().all(|&p| p == 0.0));
         assert!(alpha.iter().all(|a| a.to_array().iter().all(|&x| x == 0.0)));
         let mut fin = [(1.0, 0.0); 20];

@@ -404,7 +404,7 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
     if let Some(rows) = masked {
         transform(ctx, item, st, (j0, n), rows);
     }
-    let alpha = sm.update(st, n, masked.is_none().then_some(&top[..]));
+    let alpha = sm.update(st, n, &parts.spans(), masked.is_none().then_some(&top[..]));
     assert!(v.len() >= (n - 1) * vs + dv && ot.len() >= dv * w);
     if parts.is_whole(n, NV) {
         let mut c = 0;
@@ -421,15 +421,22 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
         return;
     }
     // Parts: rescale the running output once, then add each part's keys
-    // on its vectors only.
-    for c in 0..dv {
-        for (r, &a) in alpha.iter().enumerate() {
-            let at = c * w + r * LANES;
-            // SAFETY: c < dv and r < NV: 16 floats at `at` in ot (dv x w).
-            unsafe { store(ot.as_mut_ptr().add(at), load::<V>(ot.as_ptr().add(at)) * a) };
+    // on its vectors only. A first part on every vector (a causal tile's
+    // usual first part) rescales it in its kernel; otherwise a pass of its
+    // own does.
+    let live = || parts.iter().filter(|(_, vecs)| !vecs.is_empty());
+    let fold = live().next().is_some_and(|(_, vecs)| vecs == (0..NV));
+    if !fold {
+        for c in 0..dv {
+            for (r, &a) in alpha.iter().enumerate() {
+                let at = c * w + r * LANES;
+                // SAFETY: c < dv and r < NV: 16 floats at `at` in ot (dv x w).
+                unsafe { store(ot.as_mut_ptr().add(at), load::<V>(ot.as_ptr().add(at)) * a) };
+            }
         }
     }
-    for (keys, vecs) in parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
+    for (part, (keys, vecs)) in live().enumerate() {
+        let scale = (fold && part == 0).then_some(&alpha[..]);
         assert!(keys.end <= n && vecs.end <= NV);
         let nv = vecs.len();
         let at = vecs.start * LANES;
@@ -445,7 +452,7 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
             // lie in 0..n and c + m <= dv; st holds n x w probabilities and
             // ot is dv x w (asserted above), used on vectors `vecs`, whose
             // end is <= NV (asserted per part).
-            unsafe { pv_vecs::<V>(nv, m, vp, vs, pp, w, keys.len(), op, None) };
+            unsafe { pv_vecs::<V>(nv, m, vp, vs, pp, w, keys.len(), op, scale) };
             c += m;
         }
     }

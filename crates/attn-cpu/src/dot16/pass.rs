@@ -296,14 +296,23 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
             assert!(pt2.len() >= n2 * w);
             let pp = pt2.as_mut_ptr();
             let top = (!masked).then_some(&top[..]);
-            let alpha = sms[i].update_pairs(st, n, top, |jp, r, e0, e1| {
+            let pv_parts = parts.paired();
+            let on_tiles = amx_keys(n).filter(|_| dv.is_multiple_of(32));
+            // The pairs `P V` reads of each vector: all of them on the
+            // tile unit, else the hull of the parts that hold the vector
+            // (keys outside it are masked for all its rows: on a tile
+            // across the diagonal, a vector's probabilities stop at its
+            // last row's diagonal).
+            let pairs = match on_tiles {
+                Some(_) => [(0, n2); NV],
+                None => pv_parts.spans::<NV>().map(|(a, b)| (a / 2, b.div_ceil(2))),
+            };
+            let alpha = sms[i].update_pairs(st, n, &pairs, top, |jp, r, e0, e1| {
                 assert!(jp < n2 && r < NV);
                 // SAFETY: jp < n2 and r < NV (asserted): 16 words at
                 // row jp, vector r of the pair tile (n2 x w words).
                 unsafe { store_pairs(pp.add(jp * w + r * LANES), e0, e1) };
             });
-            let pv_parts = parts.paired();
-            let on_tiles = amx_keys(n).filter(|_| dv.is_multiple_of(32));
             let whole = on_tiles.is_none() && pv_parts.is_whole(n, NV);
             // The item's first product writes its running output: from
             // zero inside the kernel on the whole path; the tile unit and
@@ -363,12 +372,20 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
             }
             // Parts: rescale the running output once (unless it was just
             // zeroed), then add each part's pairs of keys on its vectors
-            // only.
-            if !first {
+            // only. A first part on every vector (a causal tile's usual
+            // first part) rescales it in its kernel; otherwise a pass of
+            // its own does.
+            let live = || pv_parts.iter().filter(|(_, vecs)| !vecs.is_empty());
+            let fold = !first && live().next().is_some_and(|(_, vecs)| vecs == (0..NV));
+            if !first && !fold {
                 // SAFETY: this item's output is dv x w floats, w = NV * 16.
                 unsafe { rescale(out, dv, &alpha) };
             }
-            for (keys, vecs) in pv_parts.iter().filter(|(_, vecs)| !vecs.is_empty()) {
+            for (part, (keys, vecs)) in live().enumerate() {
+                let start = match fold && part == 0 {
+                    true => Start::Scaled(&alpha),
+                    false => Start::Load,
+                };
                 assert!(keys.end <= n && vecs.end <= NV && keys.start.is_multiple_of(2));
                 let (i0, i1, nv) = (keys.start / 2, keys.end.div_ceil(2), vecs.len());
                 let at = vecs.start * LANES;
@@ -389,7 +406,7 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                             w,
                             i1 - i0,
                             out.add(col * w + at),
-                            Start::Load,
+                            start,
                         )
                     };
                     col += m;
