@@ -32,12 +32,14 @@
 //!   type add `u_in`, and the output's final rounding adds `u_out`, all
 //!   relative to `max|v|` (the output is a convex combination of values).
 //!
-//! So `A_out = max|v| * (exp(2 Delta) - 1 + 2 EXP_REL_ERR + 2 gamma(n+2) +
+//! So, with `E` the exponential's allowance (`EXP_REL_ERR`, or
+//! `EXP_REL_ERR_BF16` on bf16), `A_out = max|v| * (exp(2 Delta) - 1 + 2 E +
+//! 2 gamma(n+2) +
 //! u_in + u_out + n eta_in) + (2n + 2) eta + eta_out`, where the `eta`
 //! terms are underflow's absolute errors (half the smallest subnormal of
 //! f32, of the probabilities' type and of the output type: they matter
 //! only for subnormal data), and for the log-sum-exp (a smooth maximum, stored as f32)
-//! `A_lse = Delta + 2 EXP_REL_ERR + gamma(n + 2) + u_f32 * |lse|`. The test
+//! `A_lse = Delta + 2 E + gamma(n + 2) + u_f32 * |lse|`. The test
 //! `low_precision_reference_meets_the_a_priori_bound` checks that the f32
 //! reference itself stays within `A`, over hundreds of generated cases: the
 //! floor is a bound, not a guess.
@@ -46,7 +48,8 @@ use crate::case::Case;
 use attn_spec::DType;
 
 /// Largest relative error allowed of a backend's exponential (about 8
-/// ulps of f32; attn-cpu's fast exp is tested against it).
+/// ulps of f32; attn-cpu's fast exp is tested against it): everywhere but
+/// the forward pass on bf16 inputs ([`EXP_REL_ERR_BF16`]).
 pub const EXP_REL_ERR: f64 = 1.0 / (1u64 << 20) as f64;
 
 /// Largest relative error allowed of a backend's exponential on bf16
@@ -56,7 +59,8 @@ pub const EXP_REL_ERR: f64 = 1.0 / (1u64 << 20) as f64;
 /// attn-cpu's bf16 pass computes its probabilities with such a cheaper
 /// one (a degree-3 polynomial, 8.6e-5 = 2^-13.5). It enters the output's
 /// floor as `2 * 2^-13 = 2^-12` of `max|v|` (against `u_in + u_out =
-/// 2^-8`) and the log-sum-exp's as `2^-12` absolute.
+/// 2^-8`) and the log-sum-exp's as `2^-12` absolute. The backward bound
+/// and the attention maps' keep [`EXP_REL_ERR`].
 pub const EXP_REL_ERR_BF16: f64 = 1.0 / (1u64 << 13) as f64;
 
 const U32: f64 = f32::EPSILON as f64 / 2.0;

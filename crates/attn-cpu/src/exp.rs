@@ -30,10 +30,12 @@
 //! the degree-3 polynomial [`C01_COARSE`] (fitted as [`C01`]: 8.6e-5 =
 //! 2^-13.5 exact and evaluated in f32), two FMAs fewer per probability:
 //! the exponential was about a tenth of that pass's time at d = 64
-//! (Zen 4). The conformance bound allows an exponential of 2^-13 for bf16
-//! inputs (`attn_conformance::tolerance::EXP_REL_ERR_BF16`); it moves the
-//! output by at most 2^-12 of `max|v|` and the log-sum-exp by 2^-13
-//! more. Other levels compute [`exp2`] there.
+//! (Zen 4). The forward conformance bound allows an exponential within
+//! 2^-13 for bf16 inputs (`attn_conformance::tolerance::EXP_REL_ERR_BF16`):
+//! `2 * 2^-13` of `max|v|` in the output's floor and `2 * 2^-13` in the
+//! log-sum-exp's; this one moves the log-sum-exp by at most 8.6e-5.
+//! (Only the AVX-512 levels run that pass; the others' `exp2_coarse` is
+//! [`exp2`].)
 
 use crate::simd::Vector;
 

@@ -333,6 +333,77 @@ mod tests {
         }
     }
 
+    /// Each vector only over its keys (the parts' spans of a masked tile):
+    /// the same probabilities and state, bit for bit, as over the whole
+    /// tile when every score outside the spans is `-inf`; an empty span
+    /// leaves the state as it was; in pairs, the lone last key of an odd
+    /// tile as a span of its own.
+    #[test]
+    fn spans_give_the_whole_tiles_results() {
+        for_each_vector!(spans_match);
+    }
+
+    fn spans_match<V: Vector>() {
+        let n = 5;
+        let spans = [(0, 5), (1, 4), (2, 2), (4, 5)];
+        let mut st = vec![f32::NEG_INFINITY; n * ROWS];
+        for (v, &(a, b)) in spans.iter().enumerate() {
+            for j in a..b {
+                for l in 0..LANES {
+                    st[j * ROWS + v * LANES + l] = ((j * 7 + l * 3 + v) % 11) as f32 * 0.37 - 2.0;
+                }
+            }
+        }
+        let (mut whole, mut part) = (st.clone(), st.clone());
+        let mut a = OnlineSoftmax::<V, 4>::new();
+        let mut b = OnlineSoftmax::<V, 4>::new();
+        a.update(&mut whole, n, &[(0, n); 4], None);
+        let alpha = b.update(&mut part, n, &spans, None);
+        assert_eq!(alpha[2].to_array(), [1.0; 16]);
+        for (v, &(lo, hi)) in spans.iter().enumerate() {
+            for j in 0..n {
+                for l in 0..LANES {
+                    let at = j * ROWS + v * LANES + l;
+                    match (lo..hi).contains(&j) {
+                        true => assert_eq!(part[at].to_bits(), whole[at].to_bits()),
+                        // Not replaced.
+                        false => assert_eq!(part[at], f32::NEG_INFINITY),
+                    }
+                }
+            }
+        }
+        let pairs = [(0, 3), (0, 2), (0, 0), (2, 3)];
+        let mut c = OnlineSoftmax::<V, 4>::new();
+        let mut d = OnlineSoftmax::<V, 4>::new();
+        let mut all = vec![];
+        c.update_pairs(&st, n, &[(0, 3); 4], None, |i, v, e0, e1| {
+            all.push((i, v, e0, e1))
+        });
+        let mut some = vec![];
+        d.update_pairs(&st, n, &pairs, None, |i, v, e0, e1| {
+            some.push((i, v, e0, e1))
+        });
+        let key = |&(i, v, _, _): &(usize, usize, V, V)| (i, v);
+        let want: Vec<_> = all
+            .iter()
+            .filter(|&&(i, v, _, _)| (pairs[v].0..pairs[v].1).contains(&i))
+            .collect();
+        assert_eq!(some.len(), want.len());
+        for (x, y) in some.iter().zip(want) {
+            assert_eq!(key(x), key(y));
+            assert_eq!(
+                (x.2.to_array(), x.3.to_array()),
+                (y.2.to_array(), y.3.to_array())
+            );
+        }
+        for r in 0..ROWS {
+            assert_eq!(a.finish(r, None), b.finish(r, None), "row {r}");
+            assert_eq!(c.finish(r, None), d.finish(r, None), "row {r}");
+        }
+        // Vector 2 saw nothing: 0 and -inf, as a fully masked row.
+        assert_eq!(b.finish(2 * LANES, None), (0.0, f32::NEG_INFINITY));
+    }
+
     #[test]
     fn masked_rows_finish_to_zero_and_minus_infinity() {
         for_each_vector!(masked_rows);

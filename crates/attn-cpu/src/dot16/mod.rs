@@ -16,6 +16,11 @@
 //!   later passes on the thread (`Workspace::packed_pairs`) when the
 //!   tile's pairs are whole. The conformance bound allows P rounded to the
 //!   input type.
+//! - The probabilities come from the coarse exponential
+//!   (`Vector::exp2_coarse`: relative error 8.6e-5 = 2^-13.5, two FMAs
+//!   fewer than the f32 pass's 2^-23), a sixteenth of the bf16 rounding
+//!   they then take; the forward conformance bound allows 2^-13 on bf16
+//!   inputs (`EXP_REL_ERR_BF16`).
 //! - Masked tiles run the score kernel on the parts of the tile each
 //!   vector of rows sees (`parts.rs`), as the f32 pass, and `P V` on those
 //!   parts re-cut at even keys (`Parts::paired`).
@@ -38,8 +43,8 @@
 //!   runs): about 1% faster at d = 64 than reading the tile's rows again
 //!   after its products.
 //!
-//! Everything else (masks, soft-capping, ALiBi, bias, the online softmax,
-//! the output) is the f32 pass's code, inlined here with the bf16
+//! Everything else (masks, soft-capping, ALiBi, bias, the online
+//! softmax's state, the output) is the f32 pass's code, inlined here with the bf16
 //! features enabled. Only bf16 inputs whose Q and K rows are contiguous,
 //! with an even head dimension, take this pass (`applies`).
 
