@@ -76,10 +76,13 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     }
 
     /// [`OnlineSoftmax::update`] that hands the probabilities out in pairs
-    /// of keys instead of storing them: `emit(i, v, p_2i, p_2i+1)` for each
-    /// pair `i` in `pairs[v]` (a range within `0..ceil(n/2)`) and vector
-    /// `v` of rows (the partner of an odd last key is 0), for the bf16 pair
-    /// layout of `dot16/`. Vector `v`'s scores outside its pairs must be
+    /// of keys: `emit(at, p_2i, p_2i+1)` for each pair `i` in `pairs[v]`
+    /// (a range within `0..ceil(n/2)`) and vector `v` of rows (the partner
+    /// of an odd last key is 0), where `at` is key `2i`'s 16 floats of
+    /// vector `v` in the tile, read already and free for the pair (the
+    /// bf16 pair layout of `dot16/`, stored in place: rows of pairs `2 NV *
+    /// 16` floats apart, in the lines the tile's loads just brought into
+    /// L1). Vector `v`'s scores outside its pairs must be
     /// `-inf` (masked): they are not read, and a vector with no pairs
     /// keeps its state (rescale factor 1). The sum runs
     /// over the unrounded probabilities. They come from the coarse
@@ -91,11 +94,11 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     #[inline(always)]
     pub fn update_pairs(
         &mut self,
-        st: &[f32],
+        st: &mut [f32],
         n: usize,
         pairs: &[(usize, usize); NV],
         top: Option<&[f32]>,
-        mut emit: impl FnMut(usize, usize, V, V),
+        mut emit: impl FnMut(*mut f32, V, V),
     ) -> [V; NV] {
         let w = NV * LANES;
         assert!(st.len() >= n * w);
@@ -110,23 +113,26 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
             let shift;
             (shift, alpha[v]) = self.max_of(st, 2 * i0..(2 * i1).min(n), top, v);
             let mut sum = V::ZERO;
+            let p = st.as_mut_ptr();
             for i in i0..i1.min(n / 2) {
                 // SAFETY: 2i + 1 < n and the assert above: 16 floats at each.
                 let (s0, s1) = unsafe {
                     (
-                        load::<V>(st.as_ptr().add(col(2 * i))),
-                        load::<V>(st.as_ptr().add(col(2 * i + 1))),
+                        load::<V>(p.add(col(2 * i))),
+                        load::<V>(p.add(col(2 * i + 1))),
                     )
                 };
                 let (e0, e1) = ((s0 - shift).exp2_coarse(), (s1 - shift).exp2_coarse());
-                emit(i, v, e0, e1);
+                // SAFETY: as above (key 2i's floats, read).
+                emit(unsafe { p.add(col(2 * i)) }, e0, e1);
                 sum += e0 + e1;
             }
             if i1 > n / 2 {
                 // (n is odd and the last pair is key n - 1 alone.)
                 // SAFETY: n - 1 < n: 16 floats at col(n - 1).
-                let e = (unsafe { load::<V>(st.as_ptr().add(col(n - 1))) } - shift).exp2_coarse();
-                emit(n / 2, v, e, V::ZERO);
+                let e = (unsafe { load::<V>(p.add(col(n - 1))) } - shift).exp2_coarse();
+                // SAFETY: as above.
+                emit(unsafe { p.add(col(n - 1)) }, e, V::ZERO);
                 sum += e;
             }
             self.l[v] = self.l[v].mul_add(alpha[v], sum);
@@ -375,12 +381,23 @@ mod tests {
         let pairs = [(0, 3), (0, 2), (0, 0), (2, 3)];
         let mut c = OnlineSoftmax::<V, 4>::new();
         let mut d = OnlineSoftmax::<V, 4>::new();
+        // (pair, vector) from where a pair is stored: key 2i's floats of
+        // the vector in the tile.
+        let at = |base: usize, x: *mut f32| {
+            let o = (x as usize - base) / 4;
+            assert_eq!(o % LANES, 0);
+            (o / ROWS / 2, o % ROWS / LANES)
+        };
+        let (mut t, mut u) = (st.clone(), st.clone());
+        let (tb, ub) = (t.as_ptr() as usize, u.as_ptr() as usize);
         let mut all = vec![];
-        c.update_pairs(&st, n, &[(0, 3); 4], None, |i, v, e0, e1| {
+        c.update_pairs(&mut t, n, &[(0, 3); 4], None, |x, e0, e1| {
+            let (i, v) = at(tb, x);
             all.push((i, v, e0, e1))
         });
         let mut some = vec![];
-        d.update_pairs(&st, n, &pairs, None, |i, v, e0, e1| {
+        d.update_pairs(&mut u, n, &pairs, None, |x, e0, e1| {
+            let (i, v) = at(ub, x);
             some.push((i, v, e0, e1))
         });
         let key = |&(i, v, _, _): &(usize, usize, V, V)| (i, v);

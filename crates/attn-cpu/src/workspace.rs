@@ -101,9 +101,6 @@ pub struct Workspace {
     pub kbuf: Aligned<f32>,
     /// Packed value tile (rows `packed_stride(dv)` apart).
     pub vbuf: Aligned<f32>,
-    /// The probability tile as bf16 pairs of keys (`dot16/`): `KEYS / 2 x
-    /// ROWS` words, each the probabilities of keys `2i` and `2i + 1`.
-    pub pt2: Aligned<u32>,
     /// The value tile transposed as words for the AMX path
     /// (`dot16/amx.rs`): `d_v x KEYS / 2` words, made on first use.
     pub vt: Aligned<u32>,
@@ -143,7 +140,6 @@ impl Workspace {
             ot: Aligned::zeroed(2 * dv * ROWS),
             kbuf: Aligned::zeroed(KEYS * dk),
             vbuf: Aligned::zeroed(KEYS * packed_stride(dv)),
-            pt2: Aligned::zeroed(KEYS.div_ceil(2) * ROWS),
             vt: Aligned::zeroed(0),
             checked: Default::default(),
             packed_v: PackedV::default(),

@@ -126,11 +126,11 @@ pub enum Start<'a> {
 /// columns and `NV * 16` rows over `n2` pairs of keys. `vp` points at
 /// column `c0` of the packed values (word `i * vs + c` holds `V[2i][c]`,
 /// `V[2i+1][c]`), `pp` at the rows' columns of the probability pairs (`n2`
-/// rows of words, `ld` apart), `ot` at `M` rows of `NV * 16` running
+/// rows of words, `ps` apart), `ot` at `M` rows of `NV * 16` running
 /// outputs, `ld` apart.
 ///
 /// # Safety
-/// `vp + i * vs + c` readable for `i < n2`, `c < M`; `pp + i * ld + r`
+/// `vp + i * vs + c` readable for `i < n2`, `c < M`; `pp + i * ps + r`
 /// readable for `i < n2`, `r < NV * 16`; `ot + c * ld + r` readable and
 /// writable for `c < M`, `r < NV * 16`; `Start::Scaled` holds `NV`
 /// factors; the CPU runs AVX-512 F and BF16.
@@ -139,7 +139,7 @@ pub enum Start<'a> {
 unsafe fn pv<_V, const M: usize, const NV: usize>(
     vp: *const u32,
     vs: usize,
-    pp: *const u32,
+    (pp, ps): (*const u32, usize),
     ld: usize,
     n2: usize,
     ot: *mut f32,
@@ -162,7 +162,7 @@ unsafe fn pv<_V, const M: usize, const NV: usize>(
         for i in 0..n2 {
             let mut p = [zero_pairs(); NV];
             for r in 0..NV {
-                p[r] = load_pairs(pp.add(i * ld + r * 16));
+                p[r] = load_pairs(pp.add(i * ps + r * 16));
             }
             for c in 0..M {
                 let x = splat_pair(vp.add(i * vs + c));
@@ -222,7 +222,7 @@ pub unsafe fn pv_part(
     m: usize,
     vp: *const u32,
     vs: usize,
-    pp: *const u32,
+    pp: (*const u32, usize),
     ld: usize,
     n2: usize,
     ot: *mut f32,
@@ -773,12 +773,14 @@ mod tests {
                         );
                     }
                 }
-                // P V: n2 pairs of keys, alpha on every other call.
-                let (n2, vs) = (4usize, m + 3);
+                // P V: n2 pairs of keys (rows of pairs twice the output's
+                // stride apart, as the pass stores them), alpha on every
+                // other call.
+                let (n2, vs, ps) = (4usize, m + 3, 2 * ld);
                 let vp: Vec<u32> = (0..n2 * vs)
                     .map(|i| word(b(val(5 * i)), b(val(5 * i + 3))))
                     .collect();
-                let pp: Vec<u32> = (0..n2 * ld)
+                let pp: Vec<u32> = (0..n2 * ps)
                     .map(|i| word(b(val(i).abs() / 4.0), b(val(i + 7).abs() / 4.0)))
                     .collect();
                 let o0: Vec<f32> = (0..m * ld).map(|i| val(i + 2)).collect();
@@ -802,7 +804,7 @@ mod tests {
                             m,
                             vp.as_ptr(),
                             vs,
-                            pp.as_ptr(),
+                            (pp.as_ptr(), ps),
                             ld,
                             n2,
                             ot.as_mut_ptr(),
@@ -822,7 +824,7 @@ mod tests {
                             };
                             let (mut want, mut mag) = (start, start.abs());
                             for i in 0..n2 {
-                                let (v, p) = (vp[i * vs + col], pp[i * ld + r]);
+                                let (v, p) = (vp[i * vs + col], pp[i * ps + r]);
                                 for h in [0, 16] {
                                     let t = f((v >> h) as u16) * f((p >> h) as u16);
                                     want += t;

@@ -78,7 +78,6 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
         vbuf,
         packed_pairs,
         packed_vt,
-        pt2,
         vt,
         ahead,
         head: ws_head,
@@ -293,8 +292,6 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
             if let Some(rows) = info {
                 transform(ctx, it, st, (j0, n), rows);
             }
-            assert!(pt2.len() >= n2 * w);
-            let pp = pt2.as_mut_ptr();
             let top = (!masked).then_some(&top[..]);
             let pv_parts = parts.paired();
             let on_tiles = amx_keys(n).filter(|_| dv.is_multiple_of(32));
@@ -307,12 +304,16 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                 Some(_) => [(0, n2); NV],
                 None => pv_parts.spans::<NV>().map(|(a, b)| (a / 2, b.div_ceil(2))),
             };
-            let alpha = sms[i].update_pairs(st, n, &pairs, top, |jp, r, e0, e1| {
-                assert!(jp < n2 && r < NV);
-                // SAFETY: jp < n2 and r < NV (asserted): 16 words at
-                // row jp, vector r of the pair tile (n2 x w words).
-                unsafe { store_pairs(pp.add(jp * w + r * LANES), e0, e1) };
+            // The probabilities in pairs, in place: pair `i` of a vector
+            // in key 2i's floats of the tile, which the softmax has read
+            // (rows of pairs `ps = 2w` words apart). In a buffer of their
+            // own they would take the tile's loads out of L1 and miss
+            // on every store.
+            let alpha = sms[i].update_pairs(&mut st[..], n, &pairs, top, |at, e0, e1| {
+                // SAFETY: `at` is 16 floats of the tile (update_pairs).
+                unsafe { store_pairs(at.cast(), e0, e1) };
             });
+            let (pp, ps) = (st.as_ptr().cast::<u32>(), 2 * w);
             let whole = on_tiles.is_none() && pv_parts.is_whole(n, NV);
             // The item's first product writes its running output: from
             // zero inside the kernel on the whole path; the tile unit and
@@ -338,14 +339,15 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                 // SAFETY: the packed values hold n2 rows of dv words, vs
                 // apart, all packed by now; vtp holds dv x n2 words (vt:
                 // KEYS / 2 x dv, resized above; a claimed tile: dv x
-                // KEYS / 2); pt2 holds n2 x w words, zero where masked;
+                // KEYS / 2); the tile holds n2 rows of pairs, ps words
+                // apart, zero where masked;
                 // this item's output is dv x w floats; n and dv are
                 // multiples of 32; the CPU runs the bf16 level.
                 unsafe {
                     if fresh {
                         transpose_words((vp, vs), (n2, dv), vtp);
                     }
-                    tile_pv(unit, (vtp, n2, dv), (pp, w), out, &alpha);
+                    tile_pv(unit, (vtp, n2, dv), (pp, ps, w), out, &alpha);
                 }
                 match keep {
                     true => vt_kept = Some(t),
@@ -361,11 +363,25 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                 let mut col = 0;
                 while col < dv {
                     let m = mr(NV).min(dv - col);
+                    let pairs = (pp, ps);
                     // SAFETY: the packed values hold n2 rows of dv
-                    // words, vs apart (col + m <= dv); pt2 holds n2 x w
-                    // words (asserted); this item's output is dv x w
-                    // floats; alpha holds NV factors.
-                    unsafe { pv_part(NV, m, vp.add(col), vs, pp, w, n2, out.add(col * w), start) };
+                    // words, vs apart (col + m <= dv); the tile holds
+                    // n2 rows of pairs, ps apart (asserted at the
+                    // softmax); this item's output is dv x w floats;
+                    // alpha holds NV factors.
+                    unsafe {
+                        pv_part(
+                            NV,
+                            m,
+                            vp.add(col),
+                            vs,
+                            pairs,
+                            w,
+                            n2,
+                            out.add(col * w),
+                            start,
+                        )
+                    };
                     col += m;
                 }
                 continue;
@@ -394,7 +410,7 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                     let m = share(dv - col, mr(nv));
                     // SAFETY: pairs i0..i1 <= n2 of the packed values
                     // (rows of dv words, vs apart, col + m <= dv) and
-                    // of pt2 (n2 x w words); vectors vecs.end <= NV of
+                    // of the tile's pairs (ps apart); vectors vecs.end <= NV of
                     // this item's dv x w output.
                     unsafe {
                         pv_part(
@@ -402,7 +418,7 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                             m,
                             vp.add(i0 * vs + col),
                             vs,
-                            pp.add(i0 * w + at),
+                            (pp.add(i0 * ps + at), ps),
                             w,
                             i1 - i0,
                             out.add(col * w + at),

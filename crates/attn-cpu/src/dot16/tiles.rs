@@ -64,14 +64,14 @@ pub(super) unsafe fn tile_scores(
 ///
 /// # Safety
 /// `vt` holds `dv` rows of `n2` words (the transposed value pairs), `pp`
-/// `n2` rows of `w` words, `out` `dv x w` floats; `n2` a multiple of
+/// `n2` rows of `w` words, `ps >= w` apart, `out` `dv x w` floats; `n2` a multiple of
 /// 16, `dv` of 32, `w` of 16 with `w / 16 <= alpha.len()`; the CPU
 /// runs AVX-512 F.
 #[inline(always)]
 pub(super) unsafe fn tile_pv(
     unit: &Session,
     (vt, n2, dv): (*const u32, usize, usize),
-    (pp, w): (*const u32, usize),
+    (pp, ps, w): (*const u32, usize, usize),
     out: *mut f32,
     alpha: &[V16],
 ) {
@@ -90,7 +90,7 @@ pub(super) unsafe fn tile_pv(
         for c0 in (0..dv).step_by(32) {
             unit.mul(
                 (vt.add(c0 * n2).cast(), 4 * n2),
-                (pp.cast(), 4 * w),
+                (pp.cast(), 4 * ps),
                 n2 / 16,
                 (out.add(c0 * w), 4 * w),
                 w,
