@@ -391,14 +391,20 @@ mod tests {
         let (mut t, mut u) = (st.clone(), st.clone());
         let (tb, ub) = (t.as_ptr() as usize, u.as_ptr() as usize);
         let mut all = vec![];
+        // Each pair's floats get NaN as it is stored: a score read after
+        // its slot was handed out would show as NaN below.
+        let spoil = |x: *mut f32| {
+            // SAFETY: update_pairs hands out 16 floats of the tile.
+            unsafe { std::ptr::write_bytes(x, 0xff, LANES) }
+        };
         c.update_pairs(&mut t, n, &[(0, 3); 4], None, |x, e0, e1| {
-            let (i, v) = at(tb, x);
-            all.push((i, v, e0, e1))
+            all.push((at(tb, x).0, at(tb, x).1, e0, e1));
+            spoil(x);
         });
         let mut some = vec![];
         d.update_pairs(&mut u, n, &pairs, None, |x, e0, e1| {
-            let (i, v) = at(ub, x);
-            some.push((i, v, e0, e1))
+            some.push((at(ub, x).0, at(ub, x).1, e0, e1));
+            spoil(x);
         });
         let key = |&(i, v, _, _): &(usize, usize, V, V)| (i, v);
         let want: Vec<_> = all

@@ -93,7 +93,9 @@ pub struct Workspace {
     call: u64,
     /// `Q^T` of the (up to 2) blocks of a pass, each `d_qk x ROWS`.
     pub qt: Aligned<f32>,
-    /// Score / probability tile `S^T`, `KEYS x ROWS`.
+    /// Score / probability tile `S^T`, `KEYS x ROWS` (the bf16 pass keeps
+    /// its probabilities there as bf16 pairs of keys, pair `i` in key
+    /// `2i`'s row).
     pub st: Aligned<f32>,
     /// Running output `O^T` of the blocks of a pass, each `d_v x ROWS`.
     pub ot: Aligned<f32>,

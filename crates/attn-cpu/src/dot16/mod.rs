@@ -13,8 +13,9 @@
 //!   in pairs of keys as the online softmax forms them (its running sum
 //!   takes them unrounded) and stored in place, pair `i` over key `2i`'s
 //!   scores, which the softmax has just read (a buffer of their own
-//!   missed L1 on every store: +0.6-2.3% at d = 64, Zen 4), and V is packed in pairs of keys per column,
-//!   once per tile for both blocks of a pass, and kept for the head's
+//!   missed L1 on every store: +0.6-2.3% at d = 64, Zen 4), and V is
+//!   packed in pairs of keys per column, once per tile for both blocks
+//!   of a pass, and kept for the head's
 //!   later passes on the thread (`Workspace::packed_pairs`) when the
 //!   tile's pairs are whole. The conformance bound allows P rounded to the
 //!   input type.
