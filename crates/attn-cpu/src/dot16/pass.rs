@@ -363,7 +363,7 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                 let mut col = 0;
                 while col < dv {
                     let m = mr(NV).min(dv - col);
-                    let pairs = (pp, ps);
+                    let pair_rows = (pp, ps);
                     // SAFETY: the packed values hold n2 rows of dv
                     // words, vs apart (col + m <= dv); the tile holds
                     // n2 rows of pairs, ps apart (asserted at the
@@ -375,7 +375,7 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                             m,
                             vp.add(col),
                             vs,
-                            pairs,
+                            pair_rows,
                             w,
                             n2,
                             out.add(col * w),
