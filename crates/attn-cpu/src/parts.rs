@@ -120,6 +120,18 @@ impl Parts {
             .map(|&(a, b, v0, v1)| (a..b, v0..v1))
     }
 
+    /// The parts that hold some vector, in key order.
+    pub fn live(&self) -> impl Iterator<Item = (Range<usize>, Range<usize>)> + '_ {
+        self.iter().filter(|(_, vecs)| !vecs.is_empty())
+    }
+
+    /// Whether the first part that holds a vector holds all `nv` (a causal
+    /// tile's usual first part): `P V` can then rescale the running output
+    /// in that part's kernel instead of a pass of its own.
+    pub fn leads_with_all(&self, nv: usize) -> bool {
+        self.live().next().is_some_and(|(_, vecs)| vecs == (0..nv))
+    }
+
     /// For each of `NV` vectors, the keys `(a, b)` that the parts holding
     /// it span (their hull; `(0, 0)` for a vector in none): the only
     /// probabilities of the vector that `P V` reads. Outside them every
@@ -160,6 +172,8 @@ mod tests {
             [(0, 18), (0, 40), (0, 0), (0, 0)]
         );
         assert_eq!(Parts::whole(37, 2).spans::<2>(), [(0, 37); 2]);
+        assert!(causal.leads_with_all(4) && Parts::whole(37, 2).leads_with_all(2));
+        assert!(!odd.leads_with_all(4) && !odd.paired().leads_with_all(4));
     }
 
     fn parts(bounds: &[(usize, usize)], tile: (usize, usize)) -> Vec<(Range<usize>, Range<usize>)> {

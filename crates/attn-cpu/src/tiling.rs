@@ -424,8 +424,7 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
     // on its vectors only. A first part on every vector (a causal tile's
     // usual first part) rescales it in its kernel; otherwise a pass of its
     // own does.
-    let live = || parts.iter().filter(|(_, vecs)| !vecs.is_empty());
-    let fold = live().next().is_some_and(|(_, vecs)| vecs == (0..NV));
+    let fold = parts.leads_with_all(NV);
     if !fold {
         for c in 0..dv {
             for (r, &a) in alpha.iter().enumerate() {
@@ -435,7 +434,7 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
             }
         }
     }
-    for (part, (keys, vecs)) in live().enumerate() {
+    for (part, (keys, vecs)) in parts.live().enumerate() {
         let scale = (fold && part == 0).then_some(&alpha[..]);
         assert!(keys.end <= n && vecs.end <= NV);
         let nv = vecs.len();

@@ -236,7 +236,7 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
                 Some(_) => Parts::whole(0, 0),
                 None => parts,
             };
-            for (keys, vecs) in parts_left.iter().filter(|(_, vecs)| !vecs.is_empty()) {
+            for (keys, vecs) in parts_left.live() {
                 assert!(keys.end <= n && vecs.end <= NV);
                 let nv = vecs.len();
                 let mut j = keys.start;
@@ -391,13 +391,12 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
             // only. A first part on every vector (a causal tile's usual
             // first part) rescales it in its kernel; otherwise a pass of
             // its own does.
-            let live = || pv_parts.iter().filter(|(_, vecs)| !vecs.is_empty());
-            let fold = !first && live().next().is_some_and(|(_, vecs)| vecs == (0..NV));
+            let fold = !first && pv_parts.leads_with_all(NV);
             if !first && !fold {
                 // SAFETY: this item's output is dv x w floats, w = NV * 16.
                 unsafe { rescale(out, dv, &alpha) };
             }
-            for (part, (keys, vecs)) in live().enumerate() {
+            for (part, (keys, vecs)) in pv_parts.live().enumerate() {
                 let start = match fold && part == 0 {
                     true => Start::Scaled(&alpha),
                     false => Start::Load,
