@@ -7,7 +7,9 @@
 //! over the heads),
 //! `NO_PEAK`, `BW` (also measure the triad and read bandwidths), `BWD` (also time
 //! the backward pass, counted as 2.5x the forward's FLOPs), `DTYPE`
-//! (`f32`, `f16` or `bf16`: the same cases in another element type).
+//! (`f32`, `f16` or `bf16`: the same cases in another element type),
+//! `MEDIAN` (also print the median and 90th percentile of the calls: far
+//! above the best, the machine was busy).
 
 use attn::{Backend, Inputs};
 use attn_benches::machine::fma_peak_per_core;
@@ -99,7 +101,7 @@ fn main() {
             ..Inputs::new(&q, &k, &v)
         };
         let mut out = cpu.zeros(p.dtype, p.out.extent().unwrap()).unwrap();
-        let mut best = f64::MAX;
+        let mut times = Vec::new();
         for _ in 0..std::env::var("REPS")
             .ok()
             .and_then(|r| r.parse().ok())
@@ -107,7 +109,17 @@ fn main() {
         {
             let t = Instant::now();
             cpu.forward_into(&p, inputs, &mut out, None).unwrap();
-            best = best.min(t.elapsed().as_secs_f64());
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        let best = times[0];
+        if std::env::var_os("MEDIAN").is_some() {
+            println!(
+                "{:32} median {:.3} ms, 90th percentile {:.3} ms",
+                case.name,
+                times[times.len() / 2] * 1e3,
+                times[times.len() * 9 / 10] * 1e3
+            );
         }
         if std::env::var_os("BWD").is_some() {
             let mut p = p.clone();
