@@ -289,21 +289,23 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
             next_n = 0;
             pack(packed..n2);
             packed = n2;
-            if let Some(rows) = info {
-                transform(ctx, it, st, (j0, n), rows);
-            }
-            let top = (!masked).then_some(&top[..]);
             let pv_parts = parts.paired();
             let on_tiles = amx_keys(n).filter(|_| dv.is_multiple_of(32));
-            // The pairs `P V` reads of each vector: all of them on the
-            // tile unit, else the hull of the parts that hold the vector
-            // (keys outside it are masked for all its rows: on a tile
-            // across the diagonal, a vector's probabilities stop at its
-            // last row's diagonal).
-            let pairs = match on_tiles {
-                Some(_) => [(0, n2); NV],
-                None => pv_parts.spans::<NV>().map(|(a, b)| (a / 2, b.div_ceil(2))),
+            // The keys `P V` reads of each vector: all of them on the tile
+            // unit, else the hull of the parts that hold the vector (keys
+            // outside it are masked for all its rows: on a tile across
+            // the diagonal, a vector's probabilities stop at its last
+            // row's diagonal). Paired parts end at even keys, but for the
+            // tile's last: whole pairs.
+            let reads = match on_tiles {
+                Some(_) => [(0, n); NV],
+                None => pv_parts.spans::<NV>(),
             };
+            if let Some(rows) = info {
+                transform(ctx, it, st, (j0, n), rows, &reads);
+            }
+            let top = (!masked).then_some(&top[..]);
+            let pairs = reads.map(|(a, b)| (a / 2, b.div_ceil(2)));
             // The probabilities in pairs, in place: pair `i` of a vector
             // in key 2i's floats of the tile, which the softmax has read
             // (rows of pairs `ps = 2w` words apart). In a buffer of their
