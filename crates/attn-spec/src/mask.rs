@@ -104,6 +104,39 @@ impl SeqMask {
         }
     }
 
+    /// [`SeqMask::kv_range`] of each of the `N` rows `first..first + N`,
+    /// from two of them where it can: each end of a row's range is its
+    /// diagonal (one more per row) plus a constant, clamped to the keys,
+    /// so from row to row it moves by one key or by none. When both end
+    /// rows see keys and each end moved by `N - 1` or by 0 between them,
+    /// it moved the same at every row between (and every row between
+    /// sees keys); otherwise each row is asked. (A kernel asks this for
+    /// each vector of rows of each masked block: row by row it was 1.5%
+    /// of a 512-token causal call.)
+    #[inline]
+    pub fn kv_ranges<const N: usize>(&self, first: usize) -> [Range<usize>; N] {
+        let (a, b) = match N {
+            0 => return std::array::from_fn(|_| 0..0),
+            n => (
+                self.kv_range(first),
+                self.kv_range(first.saturating_add(n - 1)),
+            ),
+        };
+        let step = |x: usize, y: usize| match y.checked_sub(x) {
+            Some(0) => Some(0),
+            Some(d) if d == N - 1 => Some(1),
+            _ => None,
+        };
+        match (
+            a.is_empty() || b.is_empty(),
+            step(a.start, b.start),
+            step(a.end, b.end),
+        ) {
+            (false, Some(s), Some(e)) => std::array::from_fn(|i| a.start + s * i..a.end + e * i),
+            _ => std::array::from_fn(|i| self.kv_range(first.saturating_add(i))),
+        }
+    }
+
     /// The definition, element by element: does `row` see `key`? The range
     /// functions above must agree with it (unit-tested).
     pub fn visible(&self, row: usize, key: usize) -> bool {
@@ -227,6 +260,50 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The ranges of a run of rows from its ends are those of each row:
+    /// every mask, alignment and pair of lengths up to 40, runs of 16 and
+    /// of 5 rows from every start (across the last row too), and runs
+    /// near 2^33 and at the end of `usize`.
+    #[test]
+    fn ranges_of_a_run_are_those_of_each_row() {
+        fn check<const N: usize>(m: &SeqMask, first: usize) {
+            let want: [Range<usize>; N] =
+                std::array::from_fn(|i| m.kv_range(first.saturating_add(i)));
+            assert_eq!(m.kv_ranges::<N>(first), want, "{m:?} rows from {first}");
+        }
+        let big = (1usize << 33) + 7;
+        for kind in kinds() {
+            for al in [Alignment::BottomRight, Alignment::TopLeft] {
+                for ql in 0..40 {
+                    for kl in 0..40 {
+                        let m = SeqMask::new(kind, al, ql, kl);
+                        for first in 0..ql + 2 {
+                            check::<16>(&m, first);
+                            check::<5>(&m, first);
+                        }
+                    }
+                }
+                for (ql, kl) in [(big, big), (big, 40), (40, big), (big + 3, big - 20)] {
+                    let m = SeqMask::new(kind, al, ql, kl);
+                    for first in [0, 30, big - 40, big - 10, big, usize::MAX - 3] {
+                        check::<16>(&m, first);
+                    }
+                }
+            }
+        }
+        // A window given as the largest usize (`SeqMask` built directly).
+        let m = SeqMask {
+            q_len: 100,
+            kv_len: 50,
+            offset: -50,
+            left: Some(usize::MAX),
+            right: Some(3),
+        };
+        for first in 0..100 {
+            check::<16>(&m, first);
         }
     }
 
