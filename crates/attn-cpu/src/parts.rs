@@ -10,7 +10,9 @@
 //! computes). [`Parts::cut`] cuts the tile at every vector's first and last
 //! visible key, and each part runs the microkernels only on the vectors that
 //! see some of its keys. The other vectors' scores are never computed; the
-//! mask (which every such tile goes through) writes `-inf` there.
+//! mask (which every such tile goes through) writes `-inf` over those
+//! inside a vector's span ([`Parts::spans`]), and the softmax reads none
+//! outside it.
 
 use crate::blocking::ROW_VECS;
 use std::ops::Range;

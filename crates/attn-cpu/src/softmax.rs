@@ -35,9 +35,10 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     /// Folds the score tile `st` (`n x NV*16`) into the state, replaces
     /// vector `v`'s scores of keys `keys[v]` (a range within `0..n`) by the
     /// probabilities `2^(s - m')`, and returns the rescale factors `alpha`
-    /// for the running output. Vector `v`'s scores outside its keys must be
-    /// `-inf` (masked): they are neither read nor replaced, and a vector
-    /// with no keys keeps its state (rescale factor 1). `top`, when given,
+    /// for the running output. Vector `v`'s scores outside its keys are
+    /// neither read nor replaced (every row of the vector must be masked
+    /// there; the tile may hold anything), and a vector with no keys
+    /// keeps its state (rescale factor 1). `top`, when given,
     /// holds each row's largest score in the tile (`NV*16` floats, as the
     /// score kernels folded them): the tile is not read for it again.
     #[allow(clippy::needless_range_loop)] // `v` indexes alpha and the tile
@@ -82,9 +83,9 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     /// vector `v` in the tile, read already and free for the pair (the
     /// bf16 pair layout of `dot16/`, stored in place: rows of pairs `2 NV *
     /// 16` floats apart, in the lines the tile's loads just brought into
-    /// L1). Vector `v`'s scores outside its pairs must be
-    /// `-inf` (masked): they are not read, and a vector with no pairs
-    /// keeps its state (rescale factor 1). The sum runs
+    /// L1). Vector `v`'s scores outside its pairs are not read (every row
+    /// of the vector must be masked there; the tile may hold anything),
+    /// and a vector with no pairs keeps its state (rescale factor 1). The sum runs
     /// over the unrounded probabilities. They come from the coarse
     /// exponential (`Vector::exp2_coarse`): the caller rounds them to
     /// bf16. `top`, when given, holds each

@@ -343,7 +343,8 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
         vbuf
     };
     // A masked tile runs only the vectors of rows that see each part of
-    // it (`parts.rs`); the mask then writes -inf over the scores left out.
+    // it (`parts.rs`); the mask then writes -inf over the scores left out
+    // inside each vector's span, the only keys the softmax reads.
     let parts = match masked {
         Some(rows) => Parts::cut(&rows.bounds, (j0, n)),
         None => Parts::whole(n, NV),
@@ -465,7 +466,7 @@ pub struct RowInfo<V, const NV: usize> {
     lo: [[usize; LANES]; NV],
     /// One past the last visible key (`0` for rows past the block).
     hi: [[usize; LANES]; NV],
-    /// The diagonal key of each row (for ALiBi).
+    /// The diagonal key of each row (for ALiBi; 0 without it).
     diag: [[i64; LANES]; NV],
     /// ALiBi slope of each row's head times log2(e).
     slope: [V; NV],
@@ -556,11 +557,13 @@ fn vectors<V: Vector, const NV: usize>(a: &[[f32; LANES]; NV]) -> [V; NV] {
 
 /// Applies, in the contract's order, soft-capping, ALiBi, bias and masks to
 /// the score tile (`n x NV*16`, keys `j0..j0+n`), leaving base-2 scores
-/// with `-inf` where a pair is excluded, on the keys `reads[v]` (from the
-/// tile's first) of each vector `v`: the only ones the softmax reads (the
-/// hull of the vector's parts, or the whole tile on the tile unit). With
-/// nothing but the mask to apply, the keys that every row of a vector
-/// sees are left as they are: on a causal tile only the diagonal square
+/// with `-inf` where a pair is excluded. Soft-capping, ALiBi and the
+/// window apply only on the keys `reads[v]` (from the tile's first) of
+/// each vector `v`: the only ones the softmax reads (the hull of the
+/// vector's parts, or the whole tile on the tile unit); the bias and the
+/// boolean mask, rare, still go over the whole tile. With nothing but the
+/// window to apply, the keys that every row of a vector sees are left as
+/// they are (a vector with a row that sees none of the tile skips none): on a causal tile only the diagonal square
 /// of each vector is masked (the whole tile was 1.3% of a bf16 S = 512
 /// causal call on Zen 4).
 #[inline(always)]

@@ -106,8 +106,9 @@ impl SeqMask {
 
     /// [`SeqMask::kv_range`] of each of the `N` rows `first..first + N`,
     /// from two of them where it can: each end of a row's range is its
-    /// diagonal (one more per row) plus a constant, clamped to the keys,
-    /// so from row to row it moves by one key or by none. When both end
+    /// diagonal (one more per row, saturating) plus a constant (or a fixed
+    /// end for an unbounded side), clamped to the keys, so from row to row
+    /// it moves by one key or by none. When both end
     /// rows see keys and each end moved by `N - 1` or by 0 between them,
     /// it moved the same at every row between (and every row between
     /// sees keys); otherwise each row is asked. (A kernel asks this for
@@ -264,8 +265,8 @@ mod tests {
     }
 
     /// The ranges of a run of rows from its ends are those of each row:
-    /// every mask, alignment and pair of lengths up to 40, runs of 16 and
-    /// of 5 rows from every start (across the last row too), and runs
+    /// every mask, alignment and pair of lengths up to 40, runs of 16, 5, 2
+    /// and 1 rows from every start (across the last row too), and runs
     /// near 2^33 and at the end of `usize`.
     #[test]
     fn ranges_of_a_run_are_those_of_each_row() {
@@ -283,6 +284,8 @@ mod tests {
                         for first in 0..ql + 2 {
                             check::<16>(&m, first);
                             check::<5>(&m, first);
+                            check::<2>(&m, first);
+                            check::<1>(&m, first);
                         }
                     }
                 }
