@@ -646,6 +646,93 @@ mod tests {
     use super::*;
     use crate::simd::portable::V16;
 
+    /// The mask and options applied only on each vector's read span give,
+    /// on every key of it, what the whole tile gets, and there a lane is
+    /// `-inf` exactly where the masking model hides the pair: causal
+    /// (both alignments, more rows than keys and fewer), windows, no mask,
+    /// with soft-capping and ALiBi, on blocks of one head and of a GQA
+    /// group (rows not at consecutive positions), blocks whose last vector
+    /// is partial, tiles cut at odd keys; spans of the parts as the f32
+    /// pass reads them and paired as the bf16 pass does.
+    #[test]
+    fn transform_on_the_read_spans_matches_the_whole_tile() {
+        use crate::parts::Parts;
+        use crate::work::row_blocks;
+        use attn_spec::{AttnOptions, DType, Shape};
+        const NV: usize = 4;
+        let w = NV * LANES;
+        let masks = [
+            AttnOptions::default().causal(),
+            AttnOptions::default().causal().top_left(),
+            AttnOptions::default().window(Some(37), Some(5)),
+            AttnOptions::default().window(Some(3), None),
+            AttnOptions::default(),
+        ];
+        let shapes = [
+            Shape::new(1, 1, 1, 150, 150, 8),
+            Shape::new(1, 1, 1, 100, 170, 8),
+            Shape::new(1, 1, 1, 170, 90, 8),
+            Shape::new(1, 4, 2, 60, 130, 8),
+        ];
+        let mut checked = 0;
+        for shape in shapes {
+            for base in masks.iter() {
+                let heads = shape.q_heads;
+                for options in [
+                    base.clone(),
+                    base.clone().softcap(20.0),
+                    base.clone().alibi(attn_spec::alibi_slopes(heads)),
+                ] {
+                    let p = Problem::new(shape, DType::F32).with_options(options);
+                    let none: &[f32] = &[];
+                    let ctx = Ctx::new(&p, (none, none, none), None, None);
+                    let mask = p.seq_mask(0);
+                    for item in row_blocks(&p) {
+                        let rows = RowInfo::<V16, NV>::new(&ctx, &item, &mask);
+                        for (j0, n) in [(0, 64), (64, 64), (128, 64), (37, 51), (101, 27)] {
+                            let n = n.min(shape.kv_len.saturating_sub(j0));
+                            if n == 0 {
+                                continue;
+                            }
+                            let parts = Parts::cut(&rows.bounds, (j0, n));
+                            let scores: Vec<f32> = (0..n * w)
+                                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.1)
+                                .collect();
+                            let mut whole = scores.clone();
+                            transform(&ctx, &item, &mut whole, (j0, n), &rows, &[(0, n); NV]);
+                            for spans in [parts.spans::<NV>(), parts.paired().spans::<NV>()] {
+                                let mut st = scores.clone();
+                                transform(&ctx, &item, &mut st, (j0, n), &rows, &spans);
+                                for (v, &(a, b)) in spans.iter().enumerate() {
+                                    for j in a..b {
+                                        for l in 0..LANES {
+                                            let at = j * w + v * LANES + l;
+                                            let r = v * LANES + l;
+                                            let seen = r < item.rows() && {
+                                                let (pos, _) = item.row(r);
+                                                mask.visible(pos, j0 + j)
+                                            };
+                                            assert_eq!(st[at].to_bits(), whole[at].to_bits());
+                                            assert_eq!(
+                                                st[at] != f32::NEG_INFINITY,
+                                                seen,
+                                                "{:?} row {r} key {}",
+                                                p.options,
+                                                j0 + j
+                                            );
+                                            checked += 1;
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 100_000, "{checked}");
+    }
+
     /// Ranges and ALiBi distances far past 2^31 and 2^24 keys (which no
     /// test can allocate): the tile-relative ranges mask exactly the keys
     /// outside each row's range, and the distances are exact integers.
