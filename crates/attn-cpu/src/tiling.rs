@@ -563,9 +563,9 @@ fn vectors<V: Vector, const NV: usize>(a: &[[f32; LANES]; NV]) -> [V; NV] {
 /// vector's parts, or the whole tile on the tile unit); the bias and the
 /// boolean mask, rare, still go over the whole tile. With nothing but the
 /// window to apply, the keys that every row of a vector sees are left as
-/// they are (a vector with a row that sees none of the tile skips none): on a causal tile only the diagonal square
-/// of each vector is masked (the whole tile was 1.3% of a bf16 S = 512
-/// causal call on Zen 4).
+/// they are (a vector with a row that sees none of the tile skips none):
+/// on a causal tile only the diagonal square of each vector is masked
+/// (the whole tile was 1.3% of a bf16 S = 512 causal call on Zen 4).
 #[inline(always)]
 pub fn transform<V: Vector, T, const NV: usize>(
     ctx: &Ctx<'_, T>,
