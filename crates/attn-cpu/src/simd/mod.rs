@@ -167,6 +167,16 @@ pub unsafe trait Vector:
     fn exp2_coarse(self) -> Self {
         self.exp2()
     }
+    /// [`Vector::exp2_coarse`] for arguments no mask, bias or option has
+    /// moved: the scores of an unmasked tile less their row's maximum.
+    /// Results under 2^-126 may come out subnormal instead of 0 (a level
+    /// may skip the flush of [`Vector::exp2`]'s contract: AVX-512 spares
+    /// a compare); the other special values as there. A level without a
+    /// cheaper one computes [`Vector::exp2_coarse`].
+    #[inline(always)]
+    fn exp2_coarse_unflushed(self) -> Self {
+        self.exp2_coarse()
+    }
     /// Lanes where `key == eq` become `with`; the others keep `self`.
     fn replace_where_eq(self, key: Self, eq: f32, with: f32) -> Self;
     /// Lanes where `self < bound` take `then`, the others `other`.
