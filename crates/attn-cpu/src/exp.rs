@@ -35,15 +35,18 @@
 //! `2 * 2^-13` of `max|v|` in the output's floor and `2 * 2^-13` in the
 //! log-sum-exp's; this one moves the log-sum-exp by at most 8.6e-5.
 //! (Only the AVX-512 levels run that pass; the others' `exp2_coarse` is
-//! [`exp2`].) On an unmasked tile that pass takes
+//! [`exp2`].) Where no bias or option moved the scores (finite products,
+//! or `-inf` where a causal mask or window hides a key), that pass takes
 //! `Vector::exp2_coarse_unflushed`, the same without the compare that
 //! flushes results under 2^-126 to 0 (AVX-512's `vscalefps` gives them
-//! subnormal; `-inf` still gives 0, as `vreduceps` takes it to 0): its
-//! scores are finite products no mask or bias moved, so such results need
-//! a spread of over 127 in a row, and the bf16 rounding of the
-//! probabilities flushes them anyway. The softmax's pairs then ran 12%
-//! faster on Zen 4 (with the shift subtracted on the FMA pipes, the
-//! other half of it: a profile of the encoder case).
+//! subnormal; `-inf` still gives exactly 0, as `vreduceps` takes it to 0
+//! and `1 * 2^-inf = 0`): such results need a spread of over 127 in a
+//! row, and the bf16 rounding of the probabilities flushes them anyway.
+//! The softmax's pairs then ran 12% faster on Zen 4 (with the shift
+//! subtracted on the FMA pipes, the other half of it: a profile of the
+//! encoder case; 6% on causal S = 512, whose diagonal tiles form fewer
+//! pairs). A bias can hold large negative values, whose underflow Intel
+//! cores may take microcode assists for: those keep the flush.
 
 use crate::simd::Vector;
 

@@ -87,9 +87,10 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     /// of the vector must be masked there; the tile may hold anything),
     /// and a vector with no pairs keeps its state (rescale factor 1). The sum runs
     /// over the unrounded probabilities. They come from the coarse
-    /// exponential (`Vector::exp2_coarse`, or without its flush under
-    /// 2^-126 when `top` is given: `Vector::exp2_coarse_unflushed`): the
-    /// caller rounds them to bf16. `top`, when given, holds each
+    /// exponential (`Vector::exp2_coarse`): the caller rounds them to
+    /// bf16. With `unflushed`, for scores that are finite products or
+    /// `-inf` (no bias or option moved them), from the same without its
+    /// flush under 2^-126 (`Vector::exp2_coarse_unflushed`). `top`, when given, holds each
     /// row's largest score in the tile (`NV * 16` floats, as the score
     /// kernel folded them): the tile is not read for it again.
     #[allow(clippy::needless_range_loop)] // `v` indexes alpha and the tile
@@ -100,6 +101,7 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
         n: usize,
         pairs: &[(usize, usize); NV],
         top: Option<&[f32]>,
+        unflushed: bool,
         mut emit: impl FnMut(*mut f32, V, V),
     ) -> [V; NV] {
         assert!(st.len() >= n * NV * LANES);
@@ -112,12 +114,9 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
             }
             let shift;
             (shift, alpha[v]) = self.max_of(st, 2 * i0..(2 * i1).min(n), top, v);
-            // An unmasked tile's scores (`top` given: no mask, bias or
-            // option moved them) are finite: their exponential needs no
-            // flush below 2^-126 (`Vector::exp2_coarse_unflushed`).
-            let sum = match top {
-                Some(_) => pair_run::<V, NV, true>(st, n, v, (i0, i1), shift, &mut emit),
-                None => pair_run::<V, NV, false>(st, n, v, (i0, i1), shift, &mut emit),
+            let sum = match unflushed {
+                true => pair_run::<V, NV, true>(st, n, v, (i0, i1), shift, &mut emit),
+                false => pair_run::<V, NV, false>(st, n, v, (i0, i1), shift, &mut emit),
             };
             self.l[v] = self.l[v].mul_add(alpha[v], sum);
         }
@@ -433,12 +432,12 @@ mod tests {
             // SAFETY: update_pairs hands out 16 floats of the tile.
             unsafe { std::ptr::write_bytes(x, 0xff, LANES) }
         };
-        c.update_pairs(&mut t, n, &[(0, 3); 4], None, |x, e0, e1| {
+        c.update_pairs(&mut t, n, &[(0, 3); 4], None, false, |x, e0, e1| {
             all.push((at(tb, x).0, at(tb, x).1, e0, e1));
             spoil(x);
         });
         let mut some = vec![];
-        d.update_pairs(&mut u, n, &pairs, None, |x, e0, e1| {
+        d.update_pairs(&mut u, n, &pairs, None, false, |x, e0, e1| {
             some.push((at(ub, x).0, at(ub, x).1, e0, e1));
             spoil(x);
         });
@@ -461,6 +460,25 @@ mod tests {
         }
         // Vector 2 saw nothing: 0 and -inf, as a fully masked row.
         assert_eq!(b.finish(2 * LANES, None), (0.0, f32::NEG_INFINITY));
+        // Without the flush (the scores are finite or -inf, their spread
+        // far under 127): the same pairs and state, bit for bit, over the
+        // whole tile with its -inf, and 0 for a -inf score.
+        let mut e = OnlineSoftmax::<V, 4>::new();
+        let mut x = st.clone();
+        let mut none = vec![];
+        e.update_pairs(&mut x, n, &[(0, 3); 4], None, true, |p, e0, e1| {
+            none.push((e0.to_array(), e1.to_array()));
+            spoil(p);
+        });
+        let flushed: Vec<_> = all
+            .iter()
+            .map(|y| (y.2.to_array(), y.3.to_array()))
+            .collect();
+        assert_eq!(none, flushed);
+        assert!(none.iter().any(|(p, _)| p.contains(&0.0)));
+        for r in 0..ROWS {
+            assert_eq!(c.finish(r, None), e.finish(r, None), "row {r}");
+        }
     }
 
     #[test]

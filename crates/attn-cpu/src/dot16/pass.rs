@@ -311,10 +311,14 @@ unsafe fn try_pass<T: CpuElement, const NV: usize>(
             // (rows of pairs `ps = 2w` words apart). In a buffer of their
             // own they would take the tile's loads out of L1 and miss
             // on every store.
-            let alpha = sms[i].update_pairs(&mut st[..], n, &pairs, top, |at, e0, e1| {
-                // SAFETY: `at` is 16 floats of the tile (update_pairs).
-                unsafe { store_pairs(at.cast(), e0, e1) };
-            });
+            // Scores that are finite products or `-inf` (a mask's) take
+            // the exponential without the flush (`exp.rs`).
+            let unflushed = !per_element;
+            let alpha =
+                sms[i].update_pairs(&mut st[..], n, &pairs, top, unflushed, |at, e0, e1| {
+                    // SAFETY: `at` is 16 floats of the tile (update_pairs).
+                    unsafe { store_pairs(at.cast(), e0, e1) };
+                });
             let (pp, ps) = (st.as_ptr().cast::<u32>(), 2 * w);
             let whole = on_tiles.is_none() && pv_parts.is_whole(n, NV);
             // The item's first product writes its running output: from
