@@ -37,7 +37,8 @@
 //! (Only the AVX-512 levels run that pass; the others' `exp2_coarse` is
 //! [`exp2`].) Where no bias or option moved the scores (finite products,
 //! or `-inf` where a causal mask or window hides a key), that pass takes
-//! `Vector::exp2_coarse_unflushed`, the same without the compare that
+//! `Vector::exp2_coarse_unflushed` (and the f32 pass
+//! `Vector::exp2_unflushed`), the same without the compare that
 //! flushes results under 2^-126 to 0 (AVX-512's `vscalefps` gives them
 //! subnormal; `-inf` still gives exactly 0, as `vreduceps` takes it to 0
 //! and `1 * 2^-inf = 0`): such results need a spread of over 127 in a
@@ -188,6 +189,15 @@ mod tests {
         // Half-integers (the edges of the reduction) and integers.
         let edges: Vec<f32> = (-254..=20).map(|i| i as f32 * 0.5).collect();
         assert!(check::<V>(&edges) <= EXP_REL_ERR);
+        // Without the flush: as accurate from 2^-126 up (results below it
+        // stay below it), the same special values but for -127.
+        let unflushed = xs.iter().chain(&edges).copied().collect::<Vec<_>>();
+        let worst = check_with::<V>(&unflushed, V::exp2_unflushed);
+        assert!(
+            worst < 8.0 * f64::from(f32::EPSILON),
+            "unflushed: {worst:e}"
+        );
+        specials_of_unflushed(V::exp2_unflushed, 2.0 * f64::from(f32::EPSILON));
     }
 
     /// The worst relative error of the polynomial `c` on `[0, 1)`,

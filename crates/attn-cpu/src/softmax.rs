@@ -41,6 +41,9 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
     /// keeps its state (rescale factor 1). `top`, when given,
     /// holds each row's largest score in the tile (`NV*16` floats, as the
     /// score kernels folded them): the tile is not read for it again.
+    /// With `unflushed`, for scores that are finite products or `-inf`
+    /// (no bias or option moved them), the exponential skips its flush
+    /// under 2^-126 (`Vector::exp2_unflushed`).
     #[allow(clippy::needless_range_loop)] // `v` indexes alpha and the tile
     #[inline(always)]
     pub fn update(
@@ -49,9 +52,9 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
         n: usize,
         keys: &[(usize, usize); NV],
         top: Option<&[f32]>,
+        unflushed: bool,
     ) -> [V; NV] {
-        let w = NV * LANES;
-        assert!(st.len() >= n * w);
+        assert!(st.len() >= n * NV * LANES);
         let mut alpha = [V::ONE; NV];
         for v in 0..NV {
             let (a, b) = keys[v];
@@ -59,18 +62,12 @@ impl<V: Vector, const NV: usize> OnlineSoftmax<V, NV> {
             if a == b {
                 continue;
             }
-            let col = |j: usize| j * w + v * LANES;
             let shift;
             (shift, alpha[v]) = self.max_of(st, a..b, top, v);
-            let mut sum = V::ZERO;
-            for j in a..b {
-                let p = st.as_mut_ptr();
-                // SAFETY: j < n and the assert above: 16 floats at col(j).
-                let e = exp2(unsafe { load::<V>(p.add(col(j))) } - shift);
-                // SAFETY: as above.
-                unsafe { store(p.add(col(j)), e) };
-                sum += e;
-            }
+            let sum = match unflushed {
+                true => key_run::<V, NV, true>(st, v, a..b, shift),
+                false => key_run::<V, NV, false>(st, v, a..b, shift),
+            };
             self.l[v] = self.l[v].mul_add(alpha[v], sum);
         }
         alpha
@@ -258,6 +255,38 @@ fn with_sink(m: f32, l: f32, sink: Option<f32>) -> (f32, f32, f32) {
     (scale_o, m, l)
 }
 
+/// The probabilities `2^(s - shift)` of vector `v`'s keys `keys` of the
+/// tile `st` (keys of `NV * 16` floats), in place, for
+/// [`OnlineSoftmax::update`] (by the exponential without its flush where
+/// `UNFLUSHED`); returns their sum.
+#[inline(always)]
+fn key_run<V: Vector, const NV: usize, const UNFLUSHED: bool>(
+    st: &mut [f32],
+    v: usize,
+    keys: std::ops::Range<usize>,
+    shift: V,
+) -> V {
+    let w = NV * LANES;
+    assert!(v < NV && st.len() >= keys.end * w);
+    // As in `pair_run`: `s * 1 - shift` on the FMA pipes, bit for bit.
+    let neg = V::ZERO - shift;
+    let mut sum = V::ZERO;
+    let p = st.as_mut_ptr();
+    for j in keys {
+        let at = j * w + v * LANES;
+        // SAFETY: j < keys.end and v < NV (asserted): 16 floats at `at`.
+        let x = unsafe { load::<V>(p.add(at)) }.mul_add(V::ONE, neg);
+        let e = match UNFLUSHED {
+            true => x.exp2_unflushed(),
+            false => exp2(x),
+        };
+        // SAFETY: as above.
+        unsafe { store(p.add(at), e) };
+        sum += e;
+    }
+    sum
+}
+
 /// The probabilities of vector `v`'s pairs `i0..i1` of the tile `st` (`n`
 /// keys of `NV * 16` floats) for [`OnlineSoftmax::update_pairs`]:
 /// `emit(at, p_2i, p_2i+1)` for each, `p = 2^(s - shift)` by the coarse
@@ -333,8 +362,8 @@ mod tests {
         let mut a = OnlineSoftmax::<V, 4>::new();
         let mut t1 = st[..ROWS].to_vec();
         let mut t2 = st[ROWS..].to_vec();
-        a.update(&mut t1, 1, &[(0, 1); 4], None);
-        a.update(&mut t2, 2, &[(0, 2); 4], None);
+        a.update(&mut t1, 1, &[(0, 1); 4], None, false);
+        a.update(&mut t2, 2, &[(0, 2); 4], None, false);
         // The same tiles with their maxima given (as the score kernels
         // fold them) give the same state and probabilities, bit for bit.
         let mut b = OnlineSoftmax::<V, 4>::new();
@@ -349,8 +378,8 @@ mod tests {
                 .collect()
         };
         let (m1, m2) = (top(&u1, 1), top(&u2, 2));
-        b.update(&mut u1, 1, &[(0, 1); 4], Some(&m1));
-        b.update(&mut u2, 2, &[(0, 2); 4], Some(&m2));
+        b.update(&mut u1, 1, &[(0, 1); 4], Some(&m1), true);
+        b.update(&mut u2, 2, &[(0, 2); 4], Some(&m2), true);
         assert!(t1 == u1 && t2 == u2);
         for r in 0..ROWS {
             assert_eq!(a.finish(r, None), b.finish(r, None));
@@ -398,8 +427,8 @@ mod tests {
         let (mut whole, mut part) = (st.clone(), st.clone());
         let mut a = OnlineSoftmax::<V, 4>::new();
         let mut b = OnlineSoftmax::<V, 4>::new();
-        a.update(&mut whole, n, &[(0, n); 4], None);
-        let alpha = b.update(&mut part, n, &spans, None);
+        a.update(&mut whole, n, &[(0, n); 4], None, false);
+        let alpha = b.update(&mut part, n, &spans, None, true);
         assert_eq!(alpha[2].to_array(), [1.0; 16]);
         for (v, &(lo, hi)) in spans.iter().enumerate() {
             for j in 0..n {
@@ -489,7 +518,7 @@ mod tests {
     fn masked_rows<V: Vector>() {
         let mut s = OnlineSoftmax::<V, 4>::new();
         let mut st = vec![f32::NEG_INFINITY; 2 * ROWS];
-        let alpha = s.update(&mut st, 2, &[(0, 2); 4], None);
+        let alpha = s.update(&mut st, 2, &[(0, 2); 4], None, true);
         assert!(st.iter().all(|&p| p == 0.0));
         assert!(alpha.iter().all(|a| a.to_array().iter().all(|&x| x == 0.0)));
         let mut fin = [(1.0, 0.0); 20];

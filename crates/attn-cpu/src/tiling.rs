@@ -407,7 +407,16 @@ fn step<V: Vector, T: CpuElement, const NV: usize>(
     if let Some(rows) = masked {
         transform(ctx, item, st, (j0, n), rows, &spans);
     }
-    let alpha = sm.update(st, n, &spans, masked.is_none().then_some(&top[..]));
+    // Scores that are finite products or `-inf` (a mask's) take the
+    // exponential without the flush (`exp.rs`).
+    let unflushed = !ctx.per_element();
+    let alpha = sm.update(
+        st,
+        n,
+        &spans,
+        masked.is_none().then_some(&top[..]),
+        unflushed,
+    );
     assert!(v.len() >= (n - 1) * vs + dv && ot.len() >= dv * w);
     if parts.is_whole(n, NV) {
         let mut c = 0;

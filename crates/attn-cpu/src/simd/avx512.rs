@@ -333,6 +333,10 @@ unsafe impl Vector for V16 {
         exp2_on(self, &crate::exp::C01_COARSE)
     }
     #[inline(always)]
+    fn exp2_unflushed(self) -> Self {
+        exp2_unflushed(self, &crate::exp::C01)
+    }
+    #[inline(always)]
     fn exp2_coarse_unflushed(self) -> Self {
         // Without the compare of the flush: on Zen 4 the softmax's pairs
         // of the bf16 pass ran 7% faster (a throwaway loop, with the

@@ -167,12 +167,18 @@ pub unsafe trait Vector:
     fn exp2_coarse(self) -> Self {
         self.exp2()
     }
-    /// [`Vector::exp2_coarse`] for arguments no mask, bias or option has
-    /// moved: the scores of an unmasked tile less their row's maximum.
-    /// Results under 2^-126 may come out subnormal instead of 0 (a level
-    /// may skip the flush of [`Vector::exp2`]'s contract: AVX-512 spares
-    /// a compare); the other special values as there. A level without a
-    /// cheaper one computes [`Vector::exp2_coarse`].
+    /// [`Vector::exp2`] for scores no bias or option has moved (finite
+    /// products, or `-inf` where a mask hides a key): results under
+    /// 2^-126 may come out subnormal instead of 0 (a level may skip the
+    /// flush: AVX-512 spares a compare); the other special values as
+    /// there. A level without a cheaper one computes [`Vector::exp2`].
+    #[inline(always)]
+    fn exp2_unflushed(self) -> Self {
+        self.exp2()
+    }
+    /// [`Vector::exp2_coarse`] without the flush, as
+    /// [`Vector::exp2_unflushed`] is [`Vector::exp2`] without it. A level
+    /// without a cheaper one computes [`Vector::exp2_coarse`].
     #[inline(always)]
     fn exp2_coarse_unflushed(self) -> Self {
         self.exp2_coarse()
