@@ -268,7 +268,7 @@ fn key_run<V: Vector, const NV: usize, const UNFLUSHED: bool>(
 ) -> V {
     let w = NV * LANES;
     assert!(v < NV && st.len() >= keys.end * w);
-    // As in `pair_run`: `s * 1 - shift` on the FMA pipes, bit for bit.
+    // As in `pair_run`: `s * 1 - shift` on the FMA pipes.
     let neg = V::ZERO - shift;
     let mut sum = V::ZERO;
     let p = st.as_mut_ptr();
@@ -303,8 +303,10 @@ fn pair_run<V: Vector, const NV: usize, const UNFLUSHED: bool>(
     let w = NV * LANES;
     assert!(v < NV && i0 <= i1 && i1 <= n.div_ceil(2) && st.len() >= n * w);
     let col = |j: usize| j * w + v * LANES;
-    // `s * 1 - shift` is `s - shift` bit for bit, on the FMA pipes (Zen
-    // 4's add pipes are the loop's busier ones: 5% faster).
+    // `s * 1 + (0 - shift)` rounds once, as `s - shift` does: the same
+    // value but for the sign of a zero (-0 + +0 against -0 - +0), which
+    // the exponential maps to 1 either way; on the FMA pipes (Zen 4's add
+    // pipes are the loop's busier ones: 5% faster).
     let neg = V::ZERO - shift;
     let exp = |s: V| {
         let x = s.mul_add(V::ONE, neg);
@@ -507,6 +509,45 @@ mod tests {
         assert!(none.iter().any(|(p, _)| p.contains(&0.0)));
         for r in 0..ROWS {
             assert_eq!(c.finish(r, None), e.finish(r, None), "row {r}");
+        }
+    }
+
+    /// `unflushed` reaches the exponential: a score 135 below its row's
+    /// maximum gives exactly 0 flushed, and 2^-135 (subnormal) unflushed
+    /// where the level has such an exponential (AVX-512; elsewhere 0),
+    /// in `update` and in `update_pairs` alike.
+    #[test]
+    fn unflushed_keeps_probabilities_under_the_flush() {
+        for_each_vector!(unflushed_keeps);
+    }
+
+    fn unflushed_keeps<V: Vector>() {
+        let tiny = match V::ISA {
+            crate::simd::Isa::Portable | crate::simd::Isa::Avx2 => 0.0,
+            _ => 2f32.powi(-135),
+        };
+        // Key 0 at 0 (the maximum), key 1 at -135, for every row.
+        let mut st = vec![0.0f32; 2 * ROWS];
+        st[ROWS..].fill(-135.0);
+        for unflushed in [false, true] {
+            let want = if unflushed { tiny } else { 0.0 };
+            let mut t = st.clone();
+            OnlineSoftmax::<V, 4>::new().update(&mut t, 2, &[(0, 2); 4], None, unflushed);
+            assert!(t[..ROWS].iter().all(|&p| p == 1.0));
+            assert!(
+                t[ROWS..].iter().all(|&p| p == want),
+                "{:?} {unflushed}",
+                V::ISA
+            );
+            let mut u = st.clone();
+            let mut seen = 0;
+            let mut s = OnlineSoftmax::<V, 4>::new();
+            s.update_pairs(&mut u, 2, &[(0, 1); 4], None, unflushed, |_, e0, e1| {
+                assert_eq!(e0.to_array(), [1.0; 16]);
+                assert_eq!(e1.to_array(), [want; 16], "{:?} {unflushed}", V::ISA);
+                seen += 1;
+            });
+            assert_eq!(seen, 4);
         }
     }
 

@@ -20,10 +20,11 @@
 //!   tile's pairs are whole. The conformance bound allows P rounded to the
 //!   input type.
 //! - The probabilities come from the coarse exponential
-//!   (`Vector::exp2_coarse`: relative error 8.6e-5 = 2^-13.5, two FMAs
-//!   fewer than the f32 pass's 2^-23), a sixteenth of the bf16 rounding
-//!   they then take; the forward conformance bound allows 2^-13 on bf16
-//!   inputs (`EXP_REL_ERR_BF16`).
+//!   (`Vector::exp2_coarse`, or `exp2_coarse_unflushed` where no bias or
+//!   option moved the scores: `crate::exp`; relative error 8.6e-5 =
+//!   2^-13.5, two FMAs fewer than the f32 pass's 2^-23), a sixteenth of
+//!   the bf16 rounding they then take; the forward conformance bound
+//!   allows 2^-13 on bf16 inputs (`EXP_REL_ERR_BF16`).
 //! - Masked tiles run the score kernel on the parts of the tile each
 //!   vector of rows sees (`parts.rs`), as the f32 pass, and `P V` on those
 //!   parts re-cut at even keys (`Parts::paired`).

@@ -167,11 +167,12 @@ pub unsafe trait Vector:
     fn exp2_coarse(self) -> Self {
         self.exp2()
     }
-    /// [`Vector::exp2`] for scores no bias or option has moved (finite
-    /// products, or `-inf` where a mask hides a key): results under
-    /// 2^-126 may come out subnormal instead of 0 (a level may skip the
-    /// flush: AVX-512 spares a compare); the other special values as
-    /// there. A level without a cheaper one computes [`Vector::exp2`].
+    /// [`Vector::exp2`] but that results under 2^-126 may come out
+    /// subnormal instead of 0 (a level may skip the flush: AVX-512 spares
+    /// a compare); the other special values as there. Valid for any
+    /// input; the passes take it where no bias or option moved the scores
+    /// (`crate::exp`). A level without a cheaper one computes
+    /// [`Vector::exp2`].
     #[inline(always)]
     fn exp2_unflushed(self) -> Self {
         self.exp2()
