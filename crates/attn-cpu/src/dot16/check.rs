@@ -24,6 +24,66 @@ unsafe fn row_fits(row: &[u16]) -> bool {
     bad == 0 && row[c..].iter().all(|&x| super::fits(x))
 }
 
+/// The smallest nonzero and the largest magnitude of the bf16 words
+/// seen so far, per 16-bit lane: a mask, a decrement, a minimum and a
+/// maximum per 32 words (integer operations, which run on any of Zen 4's
+/// vector pipes), compared with the window once at the end. A zero's
+/// magnitude less one wraps to the largest word, so only nonzero words
+/// reach the minimum.
+#[derive(Clone, Copy)]
+pub(super) struct Span {
+    mn: __m512i,
+    mx: __m512i,
+}
+
+impl Span {
+    /// Nothing seen.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F.
+    #[inline(always)]
+    pub(super) unsafe fn new() -> Self {
+        // SAFETY: the CPU runs AVX-512 F (this function's contract).
+        unsafe {
+            Span {
+                mn: _mm512_set1_epi16(-1),
+                mx: _mm512_setzero_si512(),
+            }
+        }
+    }
+
+    /// Takes in the 32 words of `x`.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 BW.
+    #[inline(always)]
+    pub(super) unsafe fn add(&mut self, x: __m512i) {
+        // SAFETY: the CPU runs AVX-512 BW (this function's contract).
+        unsafe {
+            let a = _mm512_and_si512(x, _mm512_set1_epi16(0x7fff));
+            self.mn = _mm512_min_epu16(self.mn, _mm512_sub_epi16(a, _mm512_set1_epi16(1)));
+            self.mx = _mm512_max_epu16(self.mx, a);
+        }
+    }
+
+    /// Whether every word seen [`fits`](super::fits).
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 BW.
+    #[inline(always)]
+    pub(super) unsafe fn fits(&self) -> bool {
+        let w = super::FORWARD;
+        // SAFETY: the CPU runs AVX-512 BW (this function's contract).
+        unsafe {
+            // Nonzero magnitudes from exponent lo (fraction 0) to
+            // exponent hi (fraction all ones).
+            let lo = _mm512_set1_epi16(((w.lo << 7) - 1) as i16);
+            let hi = _mm512_set1_epi16(((w.hi << 7) | 0x7f) as i16);
+            _mm512_cmplt_epu16_mask(self.mn, lo) == 0 && _mm512_cmpgt_epu16_mask(self.mx, hi) == 0
+        }
+    }
+}
+
 /// Whether every element of rows `j0..j0+m` of `rows` (`rs` apart, `d`
 /// elements each) [`fits`](super::fits), as [`rows_fit`] for rows
 /// already found contiguous (`typed_rows`): the smallest and largest
@@ -38,34 +98,24 @@ unsafe fn row_fits(row: &[u16]) -> bool {
 #[inline(always)]
 pub(super) unsafe fn slab_fits(rows: &[u16], rs: usize, (j0, m): (usize, usize), d: usize) -> bool {
     assert!(m == 0 || rows.len() >= (j0 + m - 1) * rs + d);
-    let w = super::FORWARD;
     // SAFETY: the CPU runs AVX-512 BW (this function's contract); every
     // load reads inside row j (d elements at j * rs), the last one masked
     // to the row's remaining elements.
     unsafe {
-        let abs = _mm512_set1_epi16(0x7fff);
-        let one = _mm512_set1_epi16(1);
-        let (mut mn, mut mx) = (_mm512_set1_epi16(-1), _mm512_setzero_si512());
+        let mut span = Span::new();
         let tail: __mmask32 = (1u32 << (d % 32)).wrapping_sub(1);
         for j in j0..j0 + m {
             let row = rows.as_ptr().add(j * rs);
             let mut c = 0;
             while c < d {
-                let x = match c + 32 <= d {
+                span.add(match c + 32 <= d {
                     true => _mm512_loadu_si512(row.add(c).cast()),
                     false => _mm512_maskz_loadu_epi16(tail, row.add(c).cast()),
-                };
-                let a = _mm512_and_si512(x, abs);
-                mn = _mm512_min_epu16(mn, _mm512_sub_epi16(a, one));
-                mx = _mm512_max_epu16(mx, a);
+                });
                 c += 32;
             }
         }
-        // Nonzero magnitudes from exponent lo (fraction 0) to exponent hi
-        // (fraction all ones).
-        let lo = _mm512_set1_epi16(((w.lo << 7) - 1) as i16);
-        let hi = _mm512_set1_epi16(((w.hi << 7) | 0x7f) as i16);
-        _mm512_cmplt_epu16_mask(mn, lo) == 0 && _mm512_cmpgt_epu16_mask(mx, hi) == 0
+        span.fits()
     }
 }
 

@@ -3,7 +3,7 @@
 //! probabilities stored in pairs as the softmax forms them, and the output
 //! rows written from the running output.
 
-use super::check::misfits;
+use super::check::Span;
 use crate::blocking::LANES;
 use crate::simd::avx512::V16;
 use crate::simd::Vector;
@@ -82,7 +82,7 @@ pub(super) unsafe fn store_pairs(p: *mut u32, e0: V16, e1: V16) {
 ///
 /// # Safety
 /// `qp..qp + d2 * w` writable; rows of Q contiguous; the CPU runs
-/// AVX-512 F.
+/// AVX-512 F and BW.
 #[inline(always)]
 pub(super) unsafe fn pack_q_pairs(
     q: &[u16],
@@ -93,7 +93,9 @@ pub(super) unsafe fn pack_q_pairs(
 ) -> bool {
     let n = item.rows();
     assert!(view.strides[3] == 1 && w.is_multiple_of(LANES));
-    let mut bad: __mmask32 = 0;
+    let mut bad = false;
+    // SAFETY: the CPU runs AVX-512 BW (this function's contract).
+    let mut span = unsafe { Span::new() };
     for r0 in (0..w).step_by(LANES) {
         let live = n.saturating_sub(r0).min(LANES);
         // Row i's d2 words (null past the block).
@@ -115,7 +117,7 @@ pub(super) unsafe fn pack_q_pairs(
                     // and e0 + 16 <= d2; the CPU runs AVX-512 BW.
                     unsafe {
                         *b = V16::load(s.add(e0).cast::<f32>());
-                        bad |= misfits(_mm512_castps_si512(b.0));
+                        span.add(_mm512_castps_si512(b.0));
                     }
                 }
             }
@@ -137,14 +139,15 @@ pub(super) unsafe fn pack_q_pairs(
                         s.add(e).read_unaligned()
                     };
                     if !(super::fits(x as u16) && super::fits((x >> 16) as u16)) {
-                        bad = 1;
+                        bad = true;
                     }
                     *qp.add(e * w + r0 + i) = x;
                 }
             }
         }
     }
-    bad == 0
+    // SAFETY: as above.
+    !bad && unsafe { span.fits() }
 }
 
 /// Packs pairs `pairs` of value rows `j0..j0+n` (batch `b`, head `g`):
@@ -168,7 +171,9 @@ pub(super) unsafe fn pack_v_pairs(
     let contiguous = view.strides[3] == 1 || d == 1;
     let elem = |j: usize, c: usize| v[view.index([b, j, g, 0]) + c * view.strides[3]];
     assert!(pairs.end <= n.div_ceil(2));
-    let (mut bad, mut fit): (__mmask32, bool) = (0, true);
+    let mut fit = true;
+    // SAFETY: the CPU runs AVX-512 BW (this function's contract).
+    let mut span = unsafe { Span::new() };
     for i in pairs {
         let (ja, jb) = (j0 + 2 * i, j0 + 2 * i + 1);
         let has_b = 2 * i + 1 < n;
@@ -203,7 +208,8 @@ pub(super) unsafe fn pack_v_pairs(
                     } else {
                         _mm512_setzero_si512()
                     };
-                    bad |= misfits(a) | misfits(bb);
+                    span.add(a);
+                    span.add(bb);
                     _mm512_storeu_si512(dst.add(c).cast(), _mm512_permutex2var_epi16(a, lo, bb));
                     _mm512_storeu_si512(
                         dst.add(c + 16).cast(),
@@ -219,7 +225,8 @@ pub(super) unsafe fn pack_v_pairs(
             }
         }
     }
-    fit && bad == 0
+    // SAFETY: as above.
+    fit && unsafe { span.fits() }
 }
 
 /// The backward's key block `j0..j0 + n` of (batch `b`, K/V head `g`)
