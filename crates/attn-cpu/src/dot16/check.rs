@@ -26,8 +26,8 @@ unsafe fn row_fits(row: &[u16]) -> bool {
 
 /// The smallest nonzero and the largest magnitude of the bf16 words
 /// seen so far, per 16-bit lane: a mask, a decrement, a minimum and a
-/// maximum per 32 words (integer operations, which run on any of Zen 4's
-/// vector pipes), compared with the window once at the end. A zero's
+/// maximum per 32 words (integer operations, no compare into a mask
+/// register), compared with the window once at the end. A zero's
 /// magnitude less one wraps to the largest word, so only nonzero words
 /// reach the minimum.
 #[derive(Clone, Copy)]

@@ -146,7 +146,7 @@ pub(super) unsafe fn pack_q_pairs(
             }
         }
     }
-    // SAFETY: as above.
+    // SAFETY: the CPU runs AVX-512 BW (this function's contract).
     !bad && unsafe { span.fits() }
 }
 
@@ -179,7 +179,8 @@ pub(super) unsafe fn pack_v_pairs(
         let has_b = 2 * i + 1 < n;
         // SAFETY: row i of the packed tile (d <= vs words) is within the
         // caller's extent; the row loads read d elements of rows ja and
-        // jb, which the views place inside `v`.
+        // jb, which the views place inside `v`; the CPU runs AVX-512 F
+        // and BW (this function's contract).
         unsafe {
             let dst = vp.add(i * vs);
             let mut c = 0;
@@ -225,7 +226,7 @@ pub(super) unsafe fn pack_v_pairs(
             }
         }
     }
-    // SAFETY: as above.
+    // SAFETY: the CPU runs AVX-512 BW (this function's contract).
     fit && unsafe { span.fits() }
 }
 
