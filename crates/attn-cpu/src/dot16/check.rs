@@ -6,22 +6,24 @@ use attn_spec::View;
 use std::arch::x86_64::*;
 
 /// Whether every element of one contiguous row [`fits`](super::fits):
-/// 32 at a time (a test, a shift, a subtraction and a compare), any
-/// rest one by one.
+/// 32 at a time into a [`Span`], any rest one by one.
 ///
 /// # Safety
 /// The CPU runs AVX-512 BW.
 #[inline(always)]
 unsafe fn row_fits(row: &[u16]) -> bool {
-    let mut bad: __mmask32 = 0;
+    // SAFETY: the CPU runs AVX-512 BW (this function's contract).
+    let mut span = unsafe { Span::new() };
     let mut c = 0;
     while c + 32 <= row.len() {
         // SAFETY: c + 32 <= row.len(); the CPU runs AVX-512 BW (this
         // function's contract).
-        unsafe { bad |= misfits(_mm512_loadu_si512(row.as_ptr().add(c).cast())) };
+        unsafe { span.add(_mm512_loadu_si512(row.as_ptr().add(c).cast())) };
         c += 32;
     }
-    bad == 0 && row[c..].iter().all(|&x| super::fits(x))
+    // SAFETY: as above.
+    let whole = unsafe { span.fits() };
+    whole && row[c..].iter().all(|&x| super::fits(x))
 }
 
 /// The smallest nonzero and the largest magnitude of the bf16 words
@@ -148,16 +150,6 @@ pub(super) unsafe fn rows_fit(
     true
 }
 
-/// The lanes of 32 bf16 that do not [`fit`](super::fits).
-///
-/// # Safety
-/// The CPU runs AVX-512 BW.
-#[inline(always)]
-pub(super) unsafe fn misfits(x: __m512i) -> __mmask32 {
-    // SAFETY: forwarded.
-    unsafe { misfits_in(x, super::FORWARD) }
-}
-
 /// The lanes of 32 bf16 that are neither 0 nor of a magnitude in `w`.
 ///
 /// # Safety
@@ -180,7 +172,8 @@ mod tests {
     /// Every bf16 bit pattern, placed among values that fit at every
     /// position of a row (whole vectors and the masked rest) in a slab of
     /// rows: the slab fits exactly when [`fits`](super::super::fits) says
-    /// the pattern does; and the rows `rows_fit` reads give the same.
+    /// the pattern does; and so does the pattern's row alone, read by
+    /// `row_fits` (what `rows_fit` reads contiguous rows with).
     #[test]
     fn slab_fits_agrees_with_fits_on_every_pattern() {
         if !crate::Isa::Avx512.supported() {
@@ -203,6 +196,9 @@ mod tests {
                     super::super::fits(bits),
                     "d {d}: {bits:#06x} at ({j}, {c})"
                 );
+                // SAFETY: as above.
+                let row = unsafe { row_fits(&rows[j * rs..j * rs + d]) };
+                assert_eq!(row, got, "row_fits, d {d}: {bits:#06x} at {c}");
                 rows[j * rs + c] = ok;
             }
             // Padding between rows is not read: a misfit there is ignored.
