@@ -6,7 +6,7 @@
 //! avx512bf16 level), the instructions that move a vector register to or
 //! from the stack: in the
 //! microkernels (`scores_part`, `pv_part`, and the avx512bf16 level's
-//! `scores_quad_pairs`) every such move is a spill,
+//! `scores_quad_pairs` and `accumulate_pairs`) every such move is a spill,
 //! and the check fails on one; `run_items` and `decode_tile` (the loop
 //! nest around them) are reported for information.
 
@@ -17,7 +17,7 @@ use std::process::Command;
 const KERNELS: &[&str] = &["scores_part", "pv_part"];
 
 /// The same for the avx512bf16 level's own kernels (`dot16::`).
-const BF16_KERNELS: &[&str] = &["scores_quad_pairs"];
+const BF16_KERNELS: &[&str] = &["scores_quad_pairs", "accumulate_pairs"];
 
 pub fn run() -> Result<(), String> {
     // This very program links attn-cpu's forward pass (the bench checks

@@ -55,6 +55,13 @@ pub struct DecodeState {
     l: [f32; DECODE_ROWS],
     /// Unnormalised output rows, `DECODE_ROWS x dv`.
     pub o: Vec<f32>,
+    /// Where `dot16::decode::accumulate_pairs` writes the next `o` (then
+    /// swapped with it) when the level takes `P V` on `vdpbf16ps` (the
+    /// prefill pass's `Ctx::dot16`) and `dv` is a multiple of 32, else
+    /// empty.
+    o2: Vec<f32>,
+    /// `accumulate_pairs`'s scratch where `o2` exists, else empty.
+    words: Vec<u32>,
 }
 
 impl DecodeState {
@@ -78,6 +85,7 @@ impl DecodeState {
         } else {
             Vec::new()
         };
+        let pair_values = cfg!(target_arch = "x86_64") && ctx.dot16 && dv.is_multiple_of(32);
         DecodeState {
             qd,
             qs,
@@ -87,6 +95,15 @@ impl DecodeState {
             m: [f32::NEG_INFINITY; DECODE_ROWS],
             l: [0.0; DECODE_ROWS],
             o: vec![0.0; DECODE_ROWS * dv],
+            o2: match pair_values {
+                true => vec![0.0; DECODE_ROWS * dv],
+                false => Vec::new(),
+            },
+            words: match pair_values {
+                #[cfg(target_arch = "x86_64")]
+                true => vec![0; crate::dot16::decode::PAIR_WORDS],
+                _ => Vec::new(),
+            },
         }
     }
 
@@ -153,6 +170,47 @@ fn pair_scores<E: CpuElement>(
         };
     }
     let _ = (st, k, ks, n, dk, rows, sd, ahead);
+    false
+}
+
+/// `O = alpha O + P V` on `vdpbf16ps` (`dot16::decode::accumulate_pairs`)
+/// where the block has a second output buffer (`DecodeState::o2`) and the
+/// value rows are bf16 read in place; whether it did (not when a value
+/// row does not fit: the output is then as it was, and the caller takes
+/// the f32 kernel).
+#[inline(always)]
+fn pair_values<E: CpuElement, const R: usize>(
+    st: &mut DecodeState,
+    (v, vs): (&[E], usize),
+    (n, dv): (usize, usize),
+    sd: &[f32],
+    alpha: &[f32; R],
+    ahead: RowStream,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(vb) = crate::dot16::bf16_bits(v).filter(|_| !st.o2.is_empty()) {
+        // SAFETY: o2 exists only where `Ctx::dot16` held, which the level
+        // running these kernels sets only where the CPU runs AVX512_BF16
+        // (`dot16::applies`; that level has AVX-512 F, BW and DQ).
+        let fit = unsafe {
+            crate::dot16::decode::accumulate_pairs(
+                R,
+                (sd, KEYS),
+                (vb, vs),
+                n,
+                dv,
+                alpha,
+                (&st.o, &mut st.o2),
+                &mut st.words,
+                ahead,
+            )
+        };
+        if fit {
+            std::mem::swap(&mut st.o, &mut st.o2);
+        }
+        return fit;
+    }
+    let _ = (st, v, vs, n, dv, sd, alpha, ahead);
     false
 }
 
@@ -400,7 +458,9 @@ fn step_rows<V: Vector, T: CpuElement, E: CpuElement, const R: usize>(
         st.l[r] = st.l[r] * *a + sum.reduce_add();
         st.m[r] = mx;
     }
-    mk::accumulate::<V, E, R>((sd, KEYS), (v, vs), n, dv, &alpha, &mut st.o, ahead.1);
+    if !pair_values(st, (v, vs), (n, dv), sd, &alpha, ahead.1) {
+        mk::accumulate::<V, E, R>((sd, KEYS), (v, vs), n, dv, &alpha, &mut st.o, ahead.1);
+    }
 }
 
 /// The contract's per-element steps for row `r` over keys `j0..j0+n`:

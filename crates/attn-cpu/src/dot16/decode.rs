@@ -12,11 +12,21 @@
 //! each tile's key rows right after the kernel read them
 //! ([`scores_quad_pairs`] says whether they fit); a tile whose keys do not
 //! is computed again on the f32 kernel, which the decode state (f32
-//! throughout) lets any tile do. The values stay on the f32 kernel
-//! (`microkernel::decode::accumulate`): pairing them would take shuffles of
-//! every value row.
+//! throughout) lets any tile do.
+//!
+//! `O = alpha O + P V` on pairs too ([`accumulate_pairs`]), where the
+//! value rows are bf16 read in place and `dv` is a multiple of 32: the
+//! probabilities rounded to bf16 in pairs of keys (as the prefill pass
+//! does, SEMANTICS section 7), two value rows interleaved word by word
+//! within each 128-bit lane (`vpunpcklwd`, `vpunpckhwd`: one shuffle per
+//! 16 columns and pair of keys, where the f32 kernel widens 32 bf16 and
+//! spends two FMAs per row on them), the output columns permuted to
+//! match in registers (two `vshuff32x4` per 16 columns at each end). The
+//! value rows are checked as the kernel loads them, and the kernel
+//! writes the new output beside the old one, so a tile whose values do
+//! not fit is computed again on the f32 kernel from the old output.
 
-use super::check::slab_fits;
+use super::check::{slab_fits, Span};
 use crate::blocking::LANES;
 use crate::pack::RowStream;
 use crate::simd::avx512::V16;
@@ -137,6 +147,230 @@ pub unsafe fn scores_quad_pairs(
     fit
 }
 
+/// Most keys [`accumulate_pairs`] takes per call (the decode path's
+/// tile).
+pub const PAIR_KEYS: usize = crate::blocking::DECODE_KEYS;
+
+/// Words of [`accumulate_pairs`]'s scratch: [`PAIR_KEYS`] / 2 per row,
+/// 4 rows.
+pub const PAIR_WORDS: usize = 4 * PAIR_KEYS / 2;
+
+/// `out[r * dv + c] = alpha[r] * o[r * dv + c] + sum_{j < n} P[r][j] *
+/// V[j][c]` for `r < rows` (1 to 4) and `c < dv` (a multiple of 32), on
+/// `vdpbf16ps`: `P[r][j] = p[r * ps + j]` rounded to bf16 (nearest even;
+/// `n` at most [`PAIR_KEYS`]), `V[j][c] = v[j * vs + c]` (bf16 bits).
+/// Row `j` of `ahead` is prefetched alongside value row `j`. Returns
+/// whether every element of the `n` value rows [`fits`](super::fits):
+/// when not, `out` is wrong and the caller computes the tile again from
+/// `o` on the f32 kernel.
+///
+/// Each row of `p` must hold `n` rounded up to 16 readable floats (those
+/// past `n` are read and ignored). `words` (at least [`PAIR_WORDS`])
+/// is scratch for the probability pairs: a buffer of the caller's, so
+/// the kernel's stack traffic is only ever spills (`cargo xtask
+/// cpu-check`).
+///
+/// # Safety
+/// The CPU runs AVX-512 F, BW and DQ and AVX512_BF16.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")]
+#[inline(never)]
+pub unsafe fn accumulate_pairs(
+    rows: usize,
+    (p, ps): (&[f32], usize),
+    (v, vs): (&[u16], usize),
+    n: usize,
+    dv: usize,
+    alpha: &[f32],
+    (o, out): (&[f32], &mut [f32]),
+    words: &mut [u32],
+    ahead: RowStream,
+) -> bool {
+    let n16 = n.div_ceil(LANES) * LANES;
+    assert!(
+        (1..=4).contains(&rows)
+            && n <= PAIR_KEYS
+            && dv.is_multiple_of(32)
+            && alpha.len() >= rows
+            && o.len() >= rows * dv
+            && out.len() >= rows * dv
+            && words.len() >= PAIR_WORDS
+            && (n == 0 || p.len() >= (rows - 1) * ps + n16)
+            && (n == 0 || v.len() >= (n - 1) * vs + dv)
+    );
+    // The probabilities in pairs of keys: word `i` of row `r` holds keys
+    // 2i (low half) and 2i + 1, in key order as `vcvtneps2bf16` leaves
+    // them; for an odd `n` the last word's high half (key `n`, past the
+    // tile) is cleared, so it multiplies the zero row that stands for the
+    // missing value row whatever it held.
+    let pw = &mut words[..PAIR_WORDS];
+    for (r, row) in pw.chunks_exact_mut(PAIR_KEYS / 2).enumerate().take(rows) {
+        for c in (0..n).step_by(LANES) {
+            // SAFETY: row r of p holds n16 >= c + 16 floats (asserted);
+            // the row of words holds PAIR_KEYS / 2 >= c / 2 + 8 words (c <
+            // n <= PAIR_KEYS, a multiple of 16); the CPU runs AVX512_BF16.
+            unsafe {
+                let x = _mm512_loadu_ps(p.as_ptr().add(r * ps + c));
+                let b: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
+                _mm256_storeu_si256(row.as_mut_ptr().add(c / 2).cast(), b);
+            }
+        }
+        if n % 2 == 1 {
+            row[n / 2] &= 0xffff;
+        }
+    }
+    // SAFETY: the CPU runs AVX-512 BW (this function's contract).
+    let mut span = unsafe { Span::new() };
+    let mut c0 = 0;
+    let mut ahead = ahead;
+    while c0 < dv {
+        let blocks = if dv - c0 >= 64 { 2 } else { 1 };
+        // SAFETY: columns c0..c0 + 32 * blocks <= dv of the rows asserted
+        // above; the words cover the n keys; the CPU runs the level.
+        unsafe {
+            match (rows, blocks) {
+                (1, 2) => {
+                    pair_columns::<1, 2>(pw, (v, vs), n, dv, alpha, (o, out), c0, ahead, &mut span)
+                }
+                (2, 2) => {
+                    pair_columns::<2, 2>(pw, (v, vs), n, dv, alpha, (o, out), c0, ahead, &mut span)
+                }
+                (3, 2) => {
+                    pair_columns::<3, 2>(pw, (v, vs), n, dv, alpha, (o, out), c0, ahead, &mut span)
+                }
+                (_, 2) => {
+                    pair_columns::<4, 2>(pw, (v, vs), n, dv, alpha, (o, out), c0, ahead, &mut span)
+                }
+                (1, _) => {
+                    pair_columns::<1, 1>(pw, (v, vs), n, dv, alpha, (o, out), c0, ahead, &mut span)
+                }
+                (2, _) => {
+                    pair_columns::<2, 1>(pw, (v, vs), n, dv, alpha, (o, out), c0, ahead, &mut span)
+                }
+                (3, _) => {
+                    pair_columns::<3, 1>(pw, (v, vs), n, dv, alpha, (o, out), c0, ahead, &mut span)
+                }
+                (_, _) => {
+                    pair_columns::<4, 1>(pw, (v, vs), n, dv, alpha, (o, out), c0, ahead, &mut span)
+                }
+            }
+        }
+        ahead = RowStream::NONE;
+        c0 += 32 * blocks;
+    }
+    // SAFETY: the CPU runs AVX-512 BW (this function's contract).
+    let fit = unsafe { span.fits() };
+    #[cfg(test)]
+    tests::VALUE_TILES[dv.min(tests::DIMS - 1)][usize::from(!fit)]
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    fit
+}
+
+/// [`accumulate_pairs`] for columns `c0..c0 + 32 * B` of `R` rows: `R x B
+/// x 2` accumulators over the `n` keys, lane `4L + t` of block `b`'s low
+/// accumulator holding column `c0 + 32b + 8L + t` and of its high one
+/// column `c0 + 32b + 8L + 4 + t` (`L, t < 4`), the order in which
+/// `vpunpck{l,h}wd` interleave two value rows.
+///
+/// # Safety
+/// As [`accumulate_pairs`], for `c0 + 32 * B <= dv`.
+// Index loops on purpose: they unroll in place (as `kernels.rs`).
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn pair_columns<const R: usize, const B: usize>(
+    pw: &[u32],
+    (v, vs): (&[u16], usize),
+    n: usize,
+    dv: usize,
+    alpha: &[f32],
+    (o, out): (&[f32], &mut [f32]),
+    c0: usize,
+    ahead: RowStream,
+    span: &mut Span,
+) {
+    // SAFETY: every access is within the extents of `accumulate_pairs`'s
+    // contract (asserted there): output columns c0..c0 + 32B <= dv of R
+    // rows, value columns the same of rows j < n, words i < n.div_ceil(2)
+    // <= PAIR_KEYS / 2.
+    unsafe {
+        let mut acc = [[[_mm512_setzero_ps(); 2]; B]; R];
+        for r in 0..R {
+            let a = _mm512_set1_ps(alpha[r]);
+            for b in 0..B {
+                let at = o.as_ptr().add(r * dv + c0 + 32 * b);
+                let (x0, x1) = (_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16)));
+                // Chunks (of 4 columns) 0, 2 of each half, and 1, 3.
+                acc[r][b][0] = _mm512_mul_ps(_mm512_shuffle_f32x4::<0x88>(x0, x1), a);
+                acc[r][b][1] = _mm512_mul_ps(_mm512_shuffle_f32x4::<0xdd>(x0, x1), a);
+            }
+        }
+        for i in 0..n / 2 {
+            ahead.row(2 * i);
+            ahead.row(2 * i + 1);
+            let x = v.as_ptr().add(2 * i * vs + c0);
+            pair_step(&mut acc, (x, Some(x.add(vs))), pw, i, span);
+        }
+        if n % 2 == 1 {
+            ahead.row(n - 1);
+            let x = v.as_ptr().add((n - 1) * vs + c0);
+            pair_step(&mut acc, (x, None), pw, n / 2, span);
+        }
+        for r in 0..R {
+            for b in 0..B {
+                let (lo, hi) = (acc[r][b][0], acc[r][b][1]);
+                // Back to column order: [lo 0, hi 0, lo 1, hi 1] and
+                // [lo 2, hi 2, lo 3, hi 3].
+                let t = _mm512_shuffle_f32x4::<0x44>(lo, hi);
+                let u = _mm512_shuffle_f32x4::<0xee>(lo, hi);
+                let at = out.as_mut_ptr().add(r * dv + c0 + 32 * b);
+                _mm512_storeu_ps(at, _mm512_shuffle_f32x4::<0xd8>(t, t));
+                _mm512_storeu_ps(at.add(16), _mm512_shuffle_f32x4::<0xd8>(u, u));
+            }
+        }
+    }
+}
+
+/// One pair of keys `2i`, `2i + 1` of [`pair_columns`]: value rows `x`
+/// and `y` (a zero row where `None`) from the block's first column,
+/// interleaved and multiplied into the accumulators by the rows'
+/// probability pairs (word `i` of row `r`: `pw[r * PAIR_KEYS / 2 + i]`),
+/// and taken into `span`.
+///
+/// # Safety
+/// `32 * B` bf16 readable at `x` and `y`; the CPU runs AVX-512 F and BW
+/// and AVX512_BF16 (inlined into [`accumulate_pairs`], which enables
+/// them).
+#[allow(clippy::needless_range_loop)] // as `pair_columns`
+#[inline(always)]
+unsafe fn pair_step<const R: usize, const B: usize>(
+    acc: &mut [[[__m512; 2]; B]; R],
+    (x, y): (*const u16, Option<*const u16>),
+    pw: &[u32],
+    i: usize,
+    span: &mut Span,
+) {
+    // SAFETY: forwarded from the caller; __m512bh is 512 plain bits.
+    unsafe {
+        for b in 0..B {
+            let xa = _mm512_loadu_si512(x.add(32 * b).cast());
+            let xb = match y {
+                Some(y) => _mm512_loadu_si512(y.add(32 * b).cast()),
+                None => _mm512_setzero_si512(),
+            };
+            span.add(xa);
+            span.add(xb);
+            let lo: __m512bh = std::mem::transmute(_mm512_unpacklo_epi16(xa, xb));
+            let hi: __m512bh = std::mem::transmute(_mm512_unpackhi_epi16(xa, xb));
+            for r in 0..R {
+                let pr: __m512bh =
+                    std::mem::transmute(_mm512_set1_epi32(pw[r * (PAIR_KEYS / 2) + i] as i32));
+                acc[r][b][0] = _mm512_dpbf16_ps(acc[r][b][0], pr, lo);
+                acc[r][b][1] = _mm512_dpbf16_ps(acc[r][b][1], pr, hi);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +383,10 @@ mod tests {
     /// Tiles [`scores_quad_pairs`] found fitting (0) and not (1), per head
     /// dim: tests running at once count apart where their dims differ.
     pub(super) static TILES: [[AtomicUsize; 2]; DIMS] =
+        [const { [AtomicUsize::new(0), AtomicUsize::new(0)] }; DIMS];
+
+    /// The same for [`accumulate_pairs`], per value head dim.
+    pub(super) static VALUE_TILES: [[AtomicUsize; 2]; DIMS] =
         [const { [AtomicUsize::new(0), AtomicUsize::new(0)] }; DIMS];
 
     /// Scores of generated bf16 rows against their f64 dot products (each
@@ -241,6 +479,98 @@ mod tests {
                 big[rows - 1][d / 2] = bf16::from_f32(1e20).to_bits();
                 let br: Vec<&[u16]> = big.iter().map(|r| &r[..]).collect();
                 assert!(quad_pairs(&br, d).is_none());
+            }
+        }
+    }
+
+    /// `P V` on pairs against f64 sums of the same bf16-rounded
+    /// probabilities (each product exact, so within f32's summation
+    /// error): 1 to 4 rows, key counts odd and even to a whole tile,
+    /// value dims of 1, 2, 3 and 6 blocks of 32; probabilities past `n`
+    /// (NaN here) are not used; a value row with an element that does not
+    /// fit is reported, one in the padding between rows is not read.
+    #[test]
+    fn pair_values_match_f64_and_report_misfits() {
+        if !crate::Isa::Avx512Bf16.supported() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for dv in [32, 64, 96, 192] {
+            for rows in 1..=4 {
+                for n in [1, 2, 15, 16, 17, 33, 64] {
+                    let (vs, ps) = (dv + 5, PAIR_KEYS);
+                    let v: Vec<u16> = (0..n * vs)
+                        .map(|i| match i % vs < dv {
+                            true => bf16::from_f32((next() - 0.5) * 6.0).to_bits(),
+                            false => bf16::from_f32(f32::INFINITY).to_bits(),
+                        })
+                        .collect();
+                    let mut p = vec![f32::NAN; rows * ps];
+                    for r in 0..rows {
+                        for j in 0..n {
+                            p[r * ps + j] = next();
+                        }
+                    }
+                    let alpha: Vec<f32> = (0..rows).map(|_| next()).collect();
+                    let o: Vec<f32> = (0..rows * dv).map(|_| next() * 4.0 - 2.0).collect();
+                    let run = |v: &[u16]| {
+                        let mut out = vec![f32::NAN; rows * dv];
+                        let mut words = vec![0u32; PAIR_WORDS];
+                        // SAFETY: the CPU runs the level (checked above).
+                        let fit = unsafe {
+                            accumulate_pairs(
+                                rows,
+                                (&p, ps),
+                                (v, vs),
+                                n,
+                                dv,
+                                &alpha,
+                                (&o, &mut out),
+                                &mut words,
+                                RowStream::NONE,
+                            )
+                        };
+                        (fit, out)
+                    };
+                    let (fit, out) = run(&v);
+                    assert!(fit, "dv {dv} rows {rows} n {n}");
+                    for r in 0..rows {
+                        for c in 0..dv {
+                            let start = f64::from(alpha[r] * o[r * dv + c]);
+                            let (mut sum, mut mag) = (start, start.abs());
+                            for j in 0..n {
+                                let pj = f64::from(bf16::from_f32(p[r * ps + j]).to_f32());
+                                let t = pj * f64::from(bf16::from_bits(v[j * vs + c]).to_f32());
+                                sum += t;
+                                mag += t.abs();
+                            }
+                            // The rescale, then n additions: n + 1 f32
+                            // roundings at most.
+                            let tol = (n as f64 + 1.0) * f64::from(f32::EPSILON) * mag;
+                            let got = f64::from(out[r * dv + c]);
+                            assert!(
+                                (got - sum).abs() <= tol,
+                                "dv {dv} rows {rows} n {n} ({r}, {c}): {got} vs {sum}"
+                            );
+                        }
+                    }
+                    for (at, x, fits) in [
+                        ((n - 1) * vs + dv - 1, 1e-39, false),
+                        ((n / 2) * vs, -1e-39, false),
+                        ((n / 2) * vs + 7, 1e30, false),
+                    ] {
+                        let mut bad = v.clone();
+                        bad[at] = bf16::from_f32(x).to_bits();
+                        assert_eq!(run(&bad).0, fits, "dv {dv} n {n}: {x} at {at}");
+                    }
+                }
             }
         }
     }
@@ -343,6 +673,82 @@ mod tests {
                     "case {i}: pair tiles with a subnormal query"
                 );
             }
+        }
+    }
+    /// Decoding through the backend with value head dims that are
+    /// multiples of 32: `P V` takes the pairs on blocks of 1 to 4 rows
+    /// (tiles of an odd and an even number of keys), the result passes
+    /// the conformance check and is bitwise alike for 1 and 3 threads; a
+    /// subnormal in a value row sends its tile to the f32 kernel, and the
+    /// result still passes. The dims (160, 224) are this test's alone, so
+    /// the tile counts are its own.
+    #[test]
+    fn decoding_values_on_pairs_pass_the_check_and_fall_back_per_tile() {
+        use attn_conformance::{check_case, Case, CaseParams, Outcome};
+        use attn_spec::{AttnOptions, Backend, DType, Shape};
+        use std::sync::atomic::Ordering::Relaxed;
+        if !crate::Isa::Avx512Bf16.supported() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        let (one, three) = (
+            crate::Cpu::with_threads(1).unwrap(),
+            crate::Cpu::with_threads(3).unwrap(),
+        );
+        let tiles = |d: usize| {
+            (
+                VALUE_TILES[d][0].load(Relaxed),
+                VALUE_TILES[d][1].load(Relaxed),
+            )
+        };
+        for (i, (shape, options)) in [
+            // Groups of 4 and 1 rows; 300 keys: a last tile of 44.
+            (Shape::new(2, 8, 2, 1, 300, 160), AttnOptions::default()),
+            (
+                Shape::new(1, 2, 2, 1, 300, 160),
+                AttnOptions::default().with_lse(),
+            ),
+            // Two positions times a group of 2 (causal), and a group of
+            // 3; 97 keys: a last tile of 33.
+            (
+                Shape::new(1, 4, 2, 2, 97, 224),
+                AttnOptions::default().causal(),
+            ),
+            (Shape::new(1, 6, 2, 1, 97, 224), AttnOptions::default()),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let d = shape.head_dim_v;
+            let mut params = CaseParams::plain(shape);
+            params.dtype = DType::Bf16;
+            params.options = options;
+            params.seed = 40 + i as u64;
+            let mut case = Case::build(params);
+            let before = tiles(d);
+            assert_eq!(check_case(&one, &case), Ok(Outcome::Passed), "case {i}");
+            let after = tiles(d);
+            assert!(
+                after.0 > before.0 && after.1 == before.1,
+                "case {i}: {before:?} {after:?}"
+            );
+            let a = one.forward(&case.problem, case.inputs()).unwrap().out;
+            let b = three.forward(&case.problem, case.inputs()).unwrap().out;
+            assert!(a == b, "case {i}: 1 and 3 threads differ");
+            // A subnormal in key 70's value row (its K/V head 0, dim 5).
+            let at = case.problem.v.index([0, 70, 0, 5]);
+            case.v.set(at, 1e-39);
+            let before = tiles(d);
+            assert_eq!(
+                check_case(&one, &case),
+                Ok(Outcome::Passed),
+                "case {i}, subnormal value"
+            );
+            let after = tiles(d);
+            assert!(
+                after.1 > before.1 && after.0 > before.0,
+                "case {i}: {before:?} {after:?}"
+            );
         }
     }
 }

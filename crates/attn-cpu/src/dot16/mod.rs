@@ -55,7 +55,7 @@
 //!
 //! Files: `pass.rs` (the pass), `kernels.rs` (the two products and the
 //! backward pass's pair products), `decode.rs` (the decode path's
-//! scores), `pairs.rs` (Q and V into pairs, P out of the softmax, the
+//! scores and `P V`), `pairs.rs` (Q and V into pairs, P out of the softmax, the
 //! output write), `fit.rs` and `check.rs` (which
 //! values may enter the instruction, and the vector checks), `tiles.rs`
 //! and `amx.rs` (the products on the AMX tile unit).
