@@ -261,6 +261,15 @@ pub const SUITE: &[BenchCase] = &[
         QUICK,
     ),
     case(
+        "decode/gqa32:8-kv4096-d128-bf16",
+        (1, 32, 8),
+        (1, 4096, 128),
+        CAUSAL,
+        BF16,
+        false,
+        STD,
+    ),
+    case(
         "decode/gqa32:8-kv16384-d128",
         (1, 32, 8),
         (1, 16384, 128),
