@@ -175,9 +175,10 @@ fn pair_scores<E: CpuElement>(
 
 /// `O = alpha O + P V` on `vdpbf16ps` (`dot16::decode::accumulate_pairs`)
 /// where the block has a second output buffer (`DecodeState::o2`) and the
-/// value rows are bf16 read in place; whether it did (not when a value
-/// row does not fit: the output is then as it was, and the caller takes
-/// the f32 kernel).
+/// value rows are bf16 read in place: `Some(true)` when it did,
+/// `Some(false)` when a value row did not fit (the output is then as it
+/// was, and the caller takes the f32 kernel), `None` where it does not
+/// apply.
 #[inline(always)]
 fn pair_values<E: CpuElement, const R: usize>(
     st: &mut DecodeState,
@@ -186,7 +187,7 @@ fn pair_values<E: CpuElement, const R: usize>(
     sd: &[f32],
     alpha: &[f32; R],
     ahead: RowStream,
-) -> bool {
+) -> Option<bool> {
     #[cfg(target_arch = "x86_64")]
     if let Some(vb) = crate::dot16::bf16_bits(v).filter(|_| !st.o2.is_empty()) {
         // SAFETY: o2 exists only where `Ctx::dot16` held, which the level
@@ -208,10 +209,10 @@ fn pair_values<E: CpuElement, const R: usize>(
         if fit {
             std::mem::swap(&mut st.o, &mut st.o2);
         }
-        return fit;
+        return Some(fit);
     }
     let _ = (st, v, vs, n, dv, sd, alpha, ahead);
-    false
+    None
 }
 
 /// Runs one item of at most [`DECODE_ROWS`] rows over its keys, reading its
@@ -458,10 +459,23 @@ fn step_rows<V: Vector, T: CpuElement, E: CpuElement, const R: usize>(
         st.l[r] = st.l[r] * *a + sum.reduce_add();
         st.m[r] = mx;
     }
-    if !pair_values(st, (v, vs), (n, dv), sd, &alpha, ahead.1) {
+    let on_pairs = pair_values(st, (v, vs), (n, dv), sd, &alpha, ahead.1);
+    #[cfg(test)]
+    if on_pairs == Some(false) {
+        VALUE_REDONE[dv.min(VALUE_REDONE.len() - 1)]
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if on_pairs != Some(true) {
         mk::accumulate::<V, E, R>((sd, KEYS), (v, vs), n, dv, &alpha, &mut st.o, ahead.1);
     }
 }
+
+/// Tiles whose `P V` on pairs found a value that does not fit and were
+/// computed again on the f32 kernel, per value head dim (tests count
+/// apart where their dims differ).
+#[cfg(test)]
+pub(crate) static VALUE_REDONE: [std::sync::atomic::AtomicUsize; 257] =
+    [const { std::sync::atomic::AtomicUsize::new(0) }; 257];
 
 /// The contract's per-element steps for row `r` over keys `j0..j0+n`:
 /// soft-cap, ALiBi, bias, then the masks, leaving base-2 scores.
