@@ -583,6 +583,49 @@ mod tests {
         }
     }
 
+    /// Backends on 1 and 3 threads, or `None` (the test skipped) where the
+    /// CPU has no AVX512_BF16.
+    fn engines() -> Option<(crate::Cpu, crate::Cpu)> {
+        if !crate::Isa::Avx512Bf16.supported() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return None;
+        }
+        Some((
+            crate::Cpu::with_threads(1).unwrap(),
+            crate::Cpu::with_threads(3).unwrap(),
+        ))
+    }
+
+    /// A bf16 case of `shape` built from `seed` passes the conformance
+    /// check on `one` with the tile counts `tiles` gives (fitting,
+    /// not) going up and staying put, and `one` and `three` give it bit
+    /// for bit alike; returns the case (`i` names it in messages).
+    fn passes_on_pairs(
+        (one, three): (&crate::Cpu, &crate::Cpu),
+        (shape, options, seed): (attn_spec::Shape, attn_spec::AttnOptions, u64),
+        tiles: impl Fn() -> (usize, usize),
+        i: usize,
+    ) -> attn_conformance::Case {
+        use attn_conformance::{check_case, Case, CaseParams, Outcome};
+        use attn_spec::{Backend, DType};
+        let mut params = CaseParams::plain(shape);
+        params.dtype = DType::Bf16;
+        params.options = options;
+        params.seed = seed;
+        let case = Case::build(params);
+        let before = tiles();
+        assert_eq!(check_case(one, &case), Ok(Outcome::Passed), "case {i}");
+        let after = tiles();
+        assert!(
+            after.0 > before.0 && after.1 == before.1,
+            "case {i}: {before:?} {after:?}"
+        );
+        let a = one.forward(&case.problem, case.inputs()).unwrap().out;
+        let b = three.forward(&case.problem, case.inputs()).unwrap().out;
+        assert!(a == b, "case {i}: 1 and 3 threads differ");
+        case
+    }
+
     /// Decoding through the backend: GQA blocks of 3 and 4 rows take the
     /// pair scores and pass the conformance check (for 1 and 3 threads,
     /// bitwise alike); a key tile holding a subnormal is computed on the
@@ -591,17 +634,12 @@ mod tests {
     /// this test's alone, so the tile counts are its own.
     #[test]
     fn decoding_on_pairs_passes_the_check_and_falls_back_per_tile() {
-        use attn_conformance::{check_case, Case, CaseParams, Outcome};
-        use attn_spec::{AttnOptions, Backend, DType, Shape};
+        use attn_conformance::{check_case, Outcome};
+        use attn_spec::{AttnOptions, Backend, Shape};
         use std::sync::atomic::Ordering::Relaxed;
-        if !crate::Isa::Avx512Bf16.supported() {
-            eprintln!("skipped: this CPU has no AVX512_BF16");
+        let Some((one, three)) = engines() else {
             return;
-        }
-        let (one, three) = (
-            crate::Cpu::with_threads(1).unwrap(),
-            crate::Cpu::with_threads(3).unwrap(),
-        );
+        };
         let tiles = |d: usize| (TILES[d][0].load(Relaxed), TILES[d][1].load(Relaxed));
         for (i, (shape, options)) in [
             (Shape::new(2, 8, 2, 1, 300, 120), AttnOptions::default()),
@@ -618,21 +656,8 @@ mod tests {
         .enumerate()
         {
             let d = shape.head_dim_qk;
-            let mut params = CaseParams::plain(shape);
-            params.dtype = DType::Bf16;
-            params.options = options;
-            params.seed = i as u64;
-            let mut case = Case::build(params);
-            let before = tiles(d);
-            assert_eq!(check_case(&one, &case), Ok(Outcome::Passed), "case {i}");
-            let after = tiles(d);
-            assert!(
-                after.0 > before.0 && after.1 == before.1,
-                "case {i}: {before:?} {after:?}"
-            );
-            let a = one.forward(&case.problem, case.inputs()).unwrap().out;
-            let b = three.forward(&case.problem, case.inputs()).unwrap().out;
-            assert!(a == b, "case {i}: 1 and 3 threads differ");
+            let seeded = (shape, options, i as u64);
+            let mut case = passes_on_pairs((&one, &three), seeded, || tiles(d), i);
             // A subnormal in key 100's row (its K/V head 0, dim 5).
             let at = case.problem.k.index([0, 100, 0, 5]);
             case.k.set(at, 1e-39);
@@ -692,17 +717,12 @@ mod tests {
     /// test's alone, so the tile counts are its own.
     #[test]
     fn decoding_values_on_pairs_pass_the_check_and_fall_back_per_tile() {
-        use attn_conformance::{check_case, Case, CaseParams, Outcome};
-        use attn_spec::{AttnOptions, Backend, DType, Shape};
+        use attn_conformance::{check_case, Outcome};
+        use attn_spec::{AttnOptions, Shape};
         use std::sync::atomic::Ordering::Relaxed;
-        if !crate::Isa::Avx512Bf16.supported() {
-            eprintln!("skipped: this CPU has no AVX512_BF16");
+        let Some((one, three)) = engines() else {
             return;
-        }
-        let (one, three) = (
-            crate::Cpu::with_threads(1).unwrap(),
-            crate::Cpu::with_threads(3).unwrap(),
-        );
+        };
         let tiles = |d: usize| {
             (
                 VALUE_TILES[d][0].load(Relaxed),
@@ -730,21 +750,8 @@ mod tests {
         .enumerate()
         {
             let d = shape.head_dim_v;
-            let mut params = CaseParams::plain(shape);
-            params.dtype = DType::Bf16;
-            params.options = options;
-            params.seed = 40 + i as u64;
-            let mut case = Case::build(params);
-            let before = tiles(d);
-            assert_eq!(check_case(&one, &case), Ok(Outcome::Passed), "case {i}");
-            let after = tiles(d);
-            assert!(
-                after.0 > before.0 && after.1 == before.1,
-                "case {i}: {before:?} {after:?}"
-            );
-            let a = one.forward(&case.problem, case.inputs()).unwrap().out;
-            let b = three.forward(&case.problem, case.inputs()).unwrap().out;
-            assert!(a == b, "case {i}: 1 and 3 threads differ");
+            let seeded = (shape, options, 40 + i as u64);
+            let mut case = passes_on_pairs((&one, &three), seeded, || tiles(d), i);
             // A subnormal in key 70's value row (its K/V head 0, dim 5).
             let at = case.problem.v.index([0, 70, 0, 5]);
             case.v.set(at, 1e-39);
