@@ -190,7 +190,7 @@ pub unsafe fn accumulate_pairs(
     alpha: &[f32],
     (o, out): (&[f32], &mut [f32]),
     words: &mut [u32],
-    ahead: RowStream,
+    mut ahead: RowStream,
 ) -> bool {
     let n16 = n.div_ceil(LANES) * LANES;
     assert!(
@@ -205,31 +205,34 @@ pub unsafe fn accumulate_pairs(
             && (n == 0 || p.len() >= (rows - 1) * ps + n16)
             && (n == 0 || v.len() >= (n - 1) * vs + dv)
     );
-    // The probabilities in pairs of keys: word `i` of row `r` holds keys
-    // 2i (low half) and 2i + 1, in key order as `vcvtneps2bf16` leaves
-    // them; for an odd `n` the last word's high half (key `n`, past the
-    // tile) is cleared, so it multiplies the zero row that stands for the
-    // missing value row whatever it held.
+    // The probabilities in pairs of keys (`round_rows`): word `i` of row
+    // `r` holds keys 2i (low half) and 2i + 1; for an odd `n` the last
+    // word's high half (key `n`, past the tile) is cleared, so it
+    // multiplies the zero row that stands for the missing value row
+    // whatever it held.
     let pw = &mut words[..PAIR_WORDS];
-    for (r, row) in pw.chunks_exact_mut(PAIR_KEYS / 2).enumerate().take(rows) {
-        for c in (0..n).step_by(LANES) {
-            // SAFETY: row r of p holds n16 >= c + 16 floats (asserted);
-            // the row of words holds PAIR_KEYS / 2 >= c / 2 + 8 words (c <
-            // n <= PAIR_KEYS, a multiple of 16); the CPU runs AVX512_BF16.
-            unsafe {
-                let x = _mm512_loadu_ps(p.as_ptr().add(r * ps + c));
-                let b: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
-                _mm256_storeu_si256(row.as_mut_ptr().add(c / 2).cast(), b);
-            }
-        }
-        if n % 2 == 1 {
+    // SAFETY: rows 0..rows of p hold n16 floats, ps apart (asserted);
+    // row r of pw takes n16 / 2 <= PAIR_KEYS / 2 words from word r *
+    // PAIR_KEYS / 2 < PAIR_WORDS; n16 is a multiple of 16; the CPU runs
+    // AVX-512 BW and BF16. (The decode softmax's probabilities are normal
+    // or 0, as `round_rows` wants, or NaN in a NaN row, which rounds to
+    // NaN.)
+    unsafe {
+        super::kernels::round_rows(
+            (p.as_ptr(), ps),
+            (rows, n16),
+            1.0,
+            (pw.as_mut_ptr(), PAIR_KEYS / 2),
+        )
+    };
+    if n % 2 == 1 {
+        for row in pw.chunks_exact_mut(PAIR_KEYS / 2).take(rows) {
             row[n / 2] &= 0xffff;
         }
     }
     // SAFETY: the CPU runs AVX-512 BW (this function's contract).
     let mut span = unsafe { Span::new() };
     let mut c0 = 0;
-    let mut ahead = ahead;
     while c0 < dv {
         let blocks = if dv - c0 >= 64 { 2 } else { 1 };
         // SAFETY: columns c0..c0 + 32 * blocks <= dv of the rows asserted
