@@ -351,7 +351,12 @@ pub fn prefetch_rows<T>(
 /// and the arithmetic waits behind it); row by row inside the kernels,
 /// 20 and 11-13 ms. Prefetching whole rows of all heads in address order
 /// instead (for the hardware prefetchers to extend) measured slower: 22
-/// ms on one thread.
+/// ms on one thread. Spread more evenly still (s24, Zen 4, 32768 keys, one
+/// thread, alternating runs): a score kernel's group of 8 rows one row
+/// every `d / 32` steps instead of in its first 8 steps, and the value
+/// kernel's lines shared out over its column passes (`part`) instead of
+/// all in the first pass: f32 16.5 -> 14.3 ms, bf16 (values only) 9.9 ->
+/// 9.3 ms, no slower with the rows in cache.
 #[derive(Clone, Copy, Debug)]
 pub struct RowStream {
     base: *const u8,
@@ -378,6 +383,19 @@ impl RowStream {
             base,
             stride,
             lines: (d * size).div_ceil(64) + usize::from(unaligned),
+        }
+    }
+
+    /// Lines `[k L / parts, (k + 1) L / parts)` of every row (`L` lines a
+    /// row): the share of pass `k` of a kernel that walks its tile's rows
+    /// in `parts` passes over column ranges, so every pass prefetches a
+    /// share instead of the first pass all of it.
+    pub fn part(self, k: usize, parts: usize) -> RowStream {
+        let (a, b) = (k * self.lines / parts, (k + 1) * self.lines / parts);
+        RowStream {
+            base: self.base.wrapping_add(a * 64),
+            stride: self.stride,
+            lines: b - a,
         }
     }
 
@@ -531,6 +549,35 @@ fn prefetch(p: *const u8, hint: Hint) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The passes' parts of a row stream cover each row's lines once, in
+    /// order, whatever the number of passes (more passes than lines
+    /// included), and keep the stride.
+    #[test]
+    fn row_stream_parts_cover_each_line_once() {
+        let row = [0u8; 4096];
+        for d in [1, 40, 64, 100, 128, 256, 520] {
+            let view = View::contiguous([1, 2, 1, d]);
+            let s = RowStream::of(&row, &view, (0, 0, 0), d);
+            for parts in 1..=12 {
+                let mut next = s.base;
+                for k in 0..parts {
+                    let p = s.part(k, parts);
+                    assert_eq!(
+                        (p.base, p.stride),
+                        (next, s.stride),
+                        "d {d}, part {k} of {parts}"
+                    );
+                    next = next.wrapping_add(p.lines * 64);
+                }
+                assert_eq!(
+                    next,
+                    s.base.wrapping_add(s.lines * 64),
+                    "d {d}, {parts} parts"
+                );
+            }
+        }
+    }
 
     /// The pace hands out every line of every run once, in order, `per`
     /// rows per call, across the ends of runs; empty runs add nothing.

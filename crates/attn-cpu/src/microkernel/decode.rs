@@ -70,6 +70,7 @@ fn tile<V: Vector, E: CpuElement, const R: usize, const G: usize>(
     ahead: RowStream,
 ) {
     let full = d / LANES * LANES;
+    let every = (full / LANES / G).max(1);
     let mut jb = 0;
     while jb < n {
         // Every entry is written below before `reduce16` reads it; left
@@ -81,12 +82,20 @@ fn tile<V: Vector, E: CpuElement, const R: usize, const G: usize>(
             // their scores are discarded by the caller.
             let rows: [*const E; G] =
                 std::array::from_fn(|i| k[(jb + g0 + i).min(n - 1) * ks..].as_ptr());
-            for i in 0..G.min(n.saturating_sub(jb + g0)) {
-                ahead.row(jb + g0 + i);
-            }
+            // The group's rows of the next tile, one every `every` steps.
+            let live = G.min(n.saturating_sub(jb + g0));
+            let (mut wait, mut i) = (1, 0);
             let mut acc = [[V::ZERO; G]; R];
             let mut e = 0;
             while e < full {
+                wait -= 1;
+                if wait == 0 {
+                    wait = every;
+                    if i < live {
+                        ahead.row(jb + g0 + i);
+                        i += 1;
+                    }
+                }
                 let mut kv = [V::ZERO; G];
                 for (x, &row) in kv.iter_mut().zip(&rows) {
                     // SAFETY: every key row has d >= e + 16 elements
@@ -101,6 +110,9 @@ fn tile<V: Vector, E: CpuElement, const R: usize, const G: usize>(
                     }
                 }
                 e += LANES;
+            }
+            for i in i..live {
+                ahead.row(jb + g0 + i);
             }
             if full < d {
                 // The last d - full dims: key tails copied into zeroed
@@ -194,6 +206,7 @@ pub fn scores_quad<V: Vector, E: CpuElement, const R: usize>(
             && s.len() >= (R - 1) * ss + n16
             && (n == 0 || k.len() >= (n - 1) * ks + d)
     );
+    let every = (d / 4 / QUAD_GROUP).max(1);
     let mut jb = 0;
     while jb < n {
         let mut acc = [V::ZERO; LANES];
@@ -207,12 +220,18 @@ pub fn scores_quad<V: Vector, E: CpuElement, const R: usize>(
             let rows: [*const E; QUAD_GROUP] =
                 std::array::from_fn(|i| k[(g0 + i).min(n - 1) * ks..].as_ptr());
             let live = QUAD_GROUP.min(n.saturating_sub(g0));
+            // The group's rows of the next tile, one every `every` steps,
+            // spread over the keys' FMAs rather than at the group's start.
+            let (mut wait, mut i) = (1, 0);
             let mut e = 0;
             while e < d {
-                // One row of the next tile per step, spread over the
-                // keys' FMAs rather than all at the group's start.
-                if e / 4 < live {
-                    ahead.row(g0 + e / 4);
+                wait -= 1;
+                if wait == 0 {
+                    wait = every;
+                    if i < live {
+                        ahead.row(g0 + i);
+                        i += 1;
+                    }
                 }
                 // SAFETY: e + 4 <= d: 16 floats of q4 at 4e (asserted
                 // q4.len() >= 4d).
@@ -224,7 +243,7 @@ pub fn scores_quad<V: Vector, E: CpuElement, const R: usize>(
                 }
                 e += 4;
             }
-            for i in d / 4..live {
+            for i in i..live {
                 ahead.row(g0 + i);
             }
         }
@@ -251,7 +270,7 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
     dv: usize,
     alpha: &[f32; R],
     o: &mut [f32],
-    mut ahead: RowStream,
+    ahead: RowStream,
 ) {
     assert!(
         (1..=4).contains(&R)
@@ -259,36 +278,50 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
             && p.len() >= (R - 1) * ps + n
             && (n == 0 || v.len() >= (n - 1) * vs + dv)
     );
-    let mut c0 = 0;
     let most = V::decode_column_vecs(R);
+    // Each pass over a range of columns prefetches its share of the next
+    // tile's lines (`RowStream::part`).
+    let widths = [8, 4, 2, 1].map(|w| if w == 1 || most >= w { w * LANES } else { 0 });
+    let passes: usize = widths
+        .iter()
+        .scan(0, |c0, &w| {
+            let k = (dv - *c0).checked_div(w).unwrap_or(0);
+            *c0 += k * w;
+            Some(k)
+        })
+        .sum();
+    let (mut c0, mut k) = (0, 0);
     if most >= 8 {
         while c0 + 8 * LANES <= dv {
-            columns::<V, E, R, 8>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
-            ahead = RowStream::NONE;
-            c0 += 8 * LANES;
+            let next = ahead.part(k, passes);
+            columns::<V, E, R, 8>((p, ps), (v, vs), n, dv, alpha, o, c0, next);
+            (c0, k) = (c0 + 8 * LANES, k + 1);
         }
     }
     if most >= 4 {
         while c0 + 4 * LANES <= dv {
-            columns::<V, E, R, 4>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
-            ahead = RowStream::NONE;
-            c0 += 4 * LANES;
+            let next = ahead.part(k, passes);
+            columns::<V, E, R, 4>((p, ps), (v, vs), n, dv, alpha, o, c0, next);
+            (c0, k) = (c0 + 4 * LANES, k + 1);
         }
     }
     if most >= 2 {
         while c0 + 2 * LANES <= dv {
-            columns::<V, E, R, 2>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
-            ahead = RowStream::NONE;
-            c0 += 2 * LANES;
+            let next = ahead.part(k, passes);
+            columns::<V, E, R, 2>((p, ps), (v, vs), n, dv, alpha, o, c0, next);
+            (c0, k) = (c0 + 2 * LANES, k + 1);
         }
     }
     while c0 + LANES <= dv {
-        columns::<V, E, R, 1>((p, ps), (v, vs), n, dv, alpha, o, c0, ahead);
-        ahead = RowStream::NONE;
-        c0 += LANES;
+        let next = ahead.part(k, passes);
+        columns::<V, E, R, 1>((p, ps), (v, vs), n, dv, alpha, o, c0, next);
+        (c0, k) = (c0 + LANES, k + 1);
     }
-    for j in 0..n {
-        ahead.row(j);
+    debug_assert_eq!(k, passes);
+    if passes == 0 {
+        for j in 0..n {
+            ahead.row(j);
+        }
     }
     for (r, &a) in alpha.iter().enumerate() {
         for c in c0..dv {
