@@ -124,9 +124,9 @@ macro_rules! kernel_entries {
                 st: &mut DecodeState,
                 ws: &mut Workspace,
                 at: (usize, usize, TileClass),
-                hi: usize,
+                next: $crate::decode::Next,
             ) {
-                $crate::decode::tile::<V16, T>(ctx, item, st, ws, at, hi)
+                $crate::decode::tile::<V16, T>(ctx, item, st, ws, at, next)
             }
 
             /// `backward::task::run` for this level.
@@ -251,10 +251,10 @@ macro_rules! kernel_entries {
                 st: &mut $crate::decode::DecodeState,
                 ws: &mut $crate::workspace::Workspace,
                 at: (usize, usize, attn_spec::TileClass),
-                hi: usize,
+                next: $crate::decode::Next,
             ) {
                 // SAFETY: as above.
-                unsafe { kernels::decode_tile::<T>(ctx, item, st, ws, at, hi) }
+                unsafe { kernels::decode_tile::<T>(ctx, item, st, ws, at, next) }
             }
             #[inline(always)]
             fn backward_task<T: $crate::element::CpuElement>(

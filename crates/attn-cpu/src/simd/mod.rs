@@ -244,7 +244,7 @@ pub trait Kernels: Sized {
         st: &mut DecodeState,
         ws: &mut Workspace,
         at: (usize, usize, TileClass),
-        hi: usize,
+        next: crate::decode::Next,
     );
 
     /// `backward::task::run` compiled for this level, out of line: one
