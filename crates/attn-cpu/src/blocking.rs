@@ -21,7 +21,7 @@
 //! - [`DECODE_KEYS`] = 64 keys per step of the decode path: one tile of K
 //!   and V for all heads of a GQA 32:8, d = 128 model is 512 KiB in f32,
 //!   half of a 1 MiB L2, which holds it while the next tile is prefetched
-//!   (`decode.rs`). Measured (`cargo run -p attn-benches --release
+//!   (half a tile ahead: `decode.rs`). Measured (`cargo run -p attn-benches --release
 //!   --example perf`, decode 32768 keys): 128 keys doubled the time (the
 //!   tiles no longer fit and the lockstep traversal is not taken), 32 was
 //!   no faster than 64.

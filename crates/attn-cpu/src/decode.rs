@@ -286,8 +286,10 @@ pub fn lockstep_ok<T: CpuElement>(ctx: &Ctx<'_, T>, blocks: &[Item]) -> bool {
         })
 }
 
-/// The rows one decode tile prefetches for a later one on its thread: K/V
-/// head `kvh`'s rows from key `j` on, none at or past key `end`.
+/// The rows a decode tile prefetches for work that follows on its thread
+/// (the next tile of its head, or in lockstep another head's rows of this
+/// tile or the next): K/V head `kvh`'s rows from key `j` on, as many as
+/// the tile has keys; nothing when `j >= end`.
 #[derive(Clone, Copy, Debug)]
 pub struct Next {
     /// The K/V head.
@@ -350,24 +352,23 @@ pub fn run_lockstep<V: Vector, T: CpuElement>(
             // rows), the tile being read and the next one (512 KiB each
             // in f32 at GQA 32:8, d = 128) filled Zen 4's 1 MiB L2, and
             // lines were evicted before use. Half a tile ahead measured
-            // 3-6% faster (alternating runs, medians of 6, one thread: f32
+            // up to 6% faster (alternating runs, medians of 6, one thread: f32
             // 13.9 -> 13.4-13.8 ms at 32768 keys, 1.42 -> 1.36 ms at
             // 4096; bf16 9.0 -> 8.5 ms and 0.81 -> 0.79 ms; no slower on
             // two threads or in L3); a quarter tile ahead was no better.
-            let heads = blocks.len();
+            // (Blocks, not K/V heads: with more than 4 query heads to a
+            // K/V head, two blocks share one and prefetch its rows twice.)
+            let nb = blocks.len();
+            let lead = (nb / 2).max(1);
             for (i, (it, st)) in blocks.iter().zip(states.iter_mut()).enumerate() {
-                let t = i + (heads / 2).max(1);
-                let next = match blocks.get(t) {
-                    Some(o) => Next {
-                        kvh: o.kvh,
-                        j: j0,
-                        end: span.end,
-                    },
-                    None => Next {
-                        kvh: blocks[t - heads].kvh,
-                        j: j0 + n,
-                        end: span.end,
-                    },
+                let (o, j) = match blocks.get(i + lead) {
+                    Some(o) => (o, j0),
+                    None => (&blocks[i + lead - nb], j0 + n),
+                };
+                let next = Next {
+                    kvh: o.kvh,
+                    j,
+                    end: span.end,
                 };
                 V::decode_tile::<T>(ctx, it, st, ws, (j0, n, class), next);
             }
@@ -377,11 +378,10 @@ pub fn run_lockstep<V: Vector, T: CpuElement>(
     states
 }
 
-/// One key tile `j0..j0+n` for one block, prefetching the next tile's rows
-/// up to key `hi` (the end of the block's visible keys): K
-/// and V rows read in place in their own type when each row is contiguous
-/// (the kernels widen 16 elements at a time), else widened into the
-/// workspace first.
+/// One key tile `j0..j0+n` for one block, prefetching the rows `next`
+/// names: K and V rows read in place in their own type when each row is
+/// contiguous (the kernels widen 16 elements at a time), else widened into
+/// the workspace first.
 ///
 /// Compiled out of line once per level and element type
 /// (`Kernels::decode_tile`), not inlined into each path that calls it.
@@ -397,32 +397,27 @@ pub fn tile<V: Vector, T: CpuElement>(
     let p = ctx.p;
     let (dk, dv) = (p.shape.head_dim_qk, p.shape.head_dim_v);
     let g = (item.b, item.kvh);
-    let next = ahead(ctx, item.b, next.kvh, next.j, next.end);
+    let streams = ahead(ctx, item.b, next);
     let at = (j0, n, class);
     match (
         typed_rows(ctx.k, &p.k, g, (j0, n), dk),
         typed_rows(ctx.v, &p.v, g, (j0, n), dv),
     ) {
-        (Some(k), Some(v)) => step::<V, T, T>(ctx, item, st, &mut ws.sd, at, k, v, next),
+        (Some(k), Some(v)) => step::<V, T, T>(ctx, item, st, &mut ws.sd, at, k, v, streams),
         _ => {
             let k = kv_rows::<V, T>(ctx.k, &p.k, g, (j0, n), dk, &mut ws.kbuf);
             let v = kv_rows::<V, T>(ctx.v, &p.v, g, (j0, n), dv, &mut ws.vbuf);
-            step::<V, T, f32>(ctx, item, st, &mut ws.sd, at, k, v, next)
+            step::<V, T, f32>(ctx, item, st, &mut ws.sd, at, k, v, streams)
         }
     }
 }
 
-/// The K and V rows of the next key tile (from key `j`, head `kvh`), to be
-/// prefetched row by row while this tile computes; none past `hi`. They
-/// are the tensor's own rows in its own type.
-fn ahead<T: CpuElement>(
-    ctx: &Ctx<'_, T>,
-    b: usize,
-    kvh: usize,
-    j: usize,
-    hi: usize,
-) -> (RowStream, RowStream) {
-    if j >= hi {
+/// The K and V rows `next` names (batch `b`), to be prefetched row by row
+/// while a tile computes; none when `next.j >= next.end`. They are the
+/// tensor's own rows in its own type.
+fn ahead<T: CpuElement>(ctx: &Ctx<'_, T>, b: usize, next: Next) -> (RowStream, RowStream) {
+    let Next { kvh, j, end } = next;
+    if j >= end {
         return (RowStream::NONE, RowStream::NONE);
     }
     let s = ctx.p.shape;

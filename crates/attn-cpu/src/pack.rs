@@ -352,11 +352,13 @@ pub fn prefetch_rows<T>(
 /// 20 and 11-13 ms. Prefetching whole rows of all heads in address order
 /// instead (for the hardware prefetchers to extend) measured slower: 22
 /// ms on one thread. Spread more evenly still (s24, Zen 4, 32768 keys, one
-/// thread, alternating runs): a score kernel's group of 8 rows one row
-/// every `d / 32` steps instead of in its first 8 steps, and the value
-/// kernel's lines shared out over its column passes (`part`) instead of
-/// all in the first pass: f32 16.5 -> 14.3 ms, bf16 (values only) 9.9 ->
-/// 9.3 ms, no slower with the rows in cache.
+/// thread, alternating runs): the f32 score kernels issue their group's
+/// rows one every few steps (`scores_quad`'s 8 rows one every `d / 32`
+/// steps, where it had issued them in its first 8 steps; `scores`' one
+/// every `d / 16 / G`, where it had issued all at the group's start), and
+/// the value kernels share a row's lines out over their column passes
+/// (`part`) instead of issuing all in the first pass: f32 16.5 -> 15.0-15.3
+/// ms, bf16 (values only) 9.9 -> 9.3 ms, no slower with the rows in cache.
 #[derive(Clone, Copy, Debug)]
 pub struct RowStream {
     base: *const u8,
@@ -387,10 +389,11 @@ impl RowStream {
     }
 
     /// Lines `[k L / parts, (k + 1) L / parts)` of every row (`L` lines a
-    /// row): the share of pass `k` of a kernel that walks its tile's rows
-    /// in `parts` passes over column ranges, so every pass prefetches a
-    /// share instead of the first pass all of it.
+    /// row; `k < parts`): the share of pass `k` of a kernel that walks its
+    /// tile's rows in `parts` passes over column ranges, so every pass
+    /// prefetches a share instead of the first pass all of it.
     pub fn part(self, k: usize, parts: usize) -> RowStream {
+        debug_assert!(k < parts);
         let (a, b) = (k * self.lines / parts, (k + 1) * self.lines / parts);
         RowStream {
             base: self.base.wrapping_add(a * 64),

@@ -109,8 +109,8 @@ pub unsafe fn scores_quad_pairs(
             let live = GROUP.min(n.saturating_sub(g0));
             let mut e = 0;
             while e < d {
-                // One row of the next tile per step: spread like
-                // `scores_quad`'s (a row every `d / 32` steps) this
+                // One row of the next tile per step. Spread like
+                // `scores_quad`'s (a row every `d / 32` steps), this
                 // kernel ran 3% slower with the rows in L3 and no faster
                 // from memory (Zen 4).
                 if e / 8 < live {

@@ -281,15 +281,13 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
     let most = V::decode_column_vecs(R);
     // Each pass over a range of columns prefetches its share of the next
     // tile's lines (`RowStream::part`).
-    let widths = [8, 4, 2, 1].map(|w| if w == 1 || most >= w { w * LANES } else { 0 });
-    let passes: usize = widths
-        .iter()
-        .scan(0, |c0, &w| {
-            let k = (dv - *c0).checked_div(w).unwrap_or(0);
-            *c0 += k * w;
-            Some(k)
-        })
-        .sum();
+    let (mut passes, mut rest) = (0, dv);
+    for w in [8, 4, 2, 1] {
+        if w == 1 || most >= w {
+            passes += rest / (w * LANES);
+            rest %= w * LANES;
+        }
+    }
     let (mut c0, mut k) = (0, 0);
     if most >= 8 {
         while c0 + 8 * LANES <= dv {
