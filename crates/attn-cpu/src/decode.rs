@@ -474,8 +474,11 @@ fn step_rows<V: Vector, T: CpuElement, E: CpuElement, const R: usize>(
     } else {
         mk::scores_quad::<V, E, R>(&st.q4, (k, ks), n, dk, (sd, KEYS), ahead.0);
     }
-    let mut alpha = [1.0f32; R];
-    for (r, a) in alpha.iter_mut().enumerate() {
+    // Each row's old maximum less its shift, and its tile's sum: the
+    // rows' rescale factors come from one vector exponential after the
+    // loop (four scalar `exp2f` calls were 2% of a bf16 decode in L3).
+    let (mut moved, mut sums) = ([f32::NEG_INFINITY; LANES], [0.0f32; R]);
+    for r in 0..R {
         let srow = &mut sd[r * KEYS..(r + 1) * KEYS];
         srow[n..].fill(f32::NEG_INFINITY);
         if class == TileClass::Partial || per_element {
@@ -497,7 +500,7 @@ fn step_rows<V: Vector, T: CpuElement, E: CpuElement, const R: usize>(
             mv.to_array().into_iter().fold(f32::NEG_INFINITY, f32::max)
         };
         let shift = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
-        *a = (st.m[r] - shift).exp2();
+        moved[r] = st.m[r] - shift;
         let mut sum = V::ZERO;
         for c in 0..KV {
             // SAFETY: c * 16 + 16 <= KEYS = srow.len().
@@ -506,8 +509,13 @@ fn step_rows<V: Vector, T: CpuElement, E: CpuElement, const R: usize>(
             unsafe { store(srow.as_mut_ptr().add(c * LANES), e) };
             sum += e;
         }
-        st.l[r] = st.l[r] * *a + sum.reduce_add();
+        sums[r] = sum.reduce_add();
         st.m[r] = mx;
+    }
+    let factors = exp2(V::from(moved)).to_array();
+    let alpha: [f32; R] = std::array::from_fn(|r| factors[r]);
+    for (l, (&a, &s)) in st.l.iter_mut().zip(alpha.iter().zip(&sums)) {
+        *l = *l * a + s;
     }
     let on_pairs = pair_values(st, (v, vs), (n, dv), sd, &alpha, ahead.1);
     #[cfg(test)]
