@@ -21,10 +21,12 @@
 //! - [`DECODE_KEYS`] = 64 keys per step of the decode path: one tile of K
 //!   and V for all heads of a GQA 32:8, d = 128 model is 512 KiB in f32,
 //!   half of a 1 MiB L2, which holds it while the next tile is prefetched
-//!   (half a tile ahead: `decode.rs`). Measured (`cargo run -p attn-benches --release
-//!   --example perf`, decode 32768 keys): 128 keys doubled the time (the
-//!   tiles no longer fit and the lockstep traversal is not taken), 32 was
-//!   no faster than 64.
+//!   (half a tile ahead: `decode.rs`). Measured (`cargo run -p
+//!   attn-benches --release --example perf`, decode 32768 keys): 128 keys
+//!   doubled the time (the tiles no longer fit and the lockstep traversal
+//!   is not taken); 32 was no faster than 64 at first, and in s24 (Zen 4,
+//!   before the prefetch went half a tile ahead) 8% faster from memory
+//!   but 7-14% slower with the rows in L3.
 //! - The microkernels' shapes (keys or value columns per call, `mr`, and
 //!   vectors of rows per call) belong to each SIMD level's register file
 //!   and live with it (`Vector::mr`, `Vector::KERNEL_VECS` in `simd/`):

@@ -329,6 +329,9 @@ pub fn run_lockstep<V: Vector, T: CpuElement>(
     let positions = blocks[0].positions();
     let span = mask.kv_span(positions.clone());
     let (lo, hi) = (span.start.max(keys.start), span.end.min(keys.end));
+    // How many blocks ahead each block prefetches (below).
+    let nb = blocks.len();
+    let lead = (nb / 2).max(1);
     let mut j0 = lo;
     while j0 < hi {
         let n = KEYS.min(hi - j0);
@@ -352,14 +355,13 @@ pub fn run_lockstep<V: Vector, T: CpuElement>(
             // rows), the tile being read and the next one (512 KiB each
             // in f32 at GQA 32:8, d = 128) filled Zen 4's 1 MiB L2, and
             // lines were evicted before use. Half a tile ahead measured
-            // up to 6% faster (alternating runs, medians of 6, one thread: f32
-            // 13.9 -> 13.4-13.8 ms at 32768 keys, 1.42 -> 1.36 ms at
-            // 4096; bf16 9.0 -> 8.5 ms and 0.81 -> 0.79 ms; no slower on
-            // two threads or in L3); a quarter tile ahead was no better.
+            // up to 6% faster (alternating runs, medians of 6, one
+            // thread: f32 13.9 -> 13.4-13.8 ms at 32768 keys, 1.42 ->
+            // 1.36 ms at 4096; bf16 9.0 -> 8.5 ms and 0.81 -> 0.79 ms; no
+            // slower on two threads or in L3); a quarter tile ahead was no
+            // better.
             // (Blocks, not K/V heads: with more than 4 query heads to a
             // K/V head, two blocks share one and prefetch its rows twice.)
-            let nb = blocks.len();
-            let lead = (nb / 2).max(1);
             for (i, (it, st)) in blocks.iter().zip(states.iter_mut()).enumerate() {
                 let (o, j) = match blocks.get(i + lead) {
                     Some(o) => (o, j0),
