@@ -9,7 +9,9 @@
 //! the backward pass, counted as 2.5x the forward's FLOPs), `DTYPE`
 //! (`f32`, `f16` or `bf16`: the same cases in another element type),
 //! `MEDIAN` (also print the median and 90th percentile of the calls: far
-//! above the best, the machine was busy).
+//! above the best, the machine was busy), `KV_ALIGN` (bytes: K and V
+//! placed so their first element sits that far past a 64-byte line; a
+//! Rust `Vec` from the allocator usually sits 16 bytes past one).
 
 use attn::{Backend, Inputs};
 use attn_benches::machine::fma_peak_per_core;
@@ -68,6 +70,17 @@ fn main() {
             case.problem()
         };
         let [q, k, v] = case.data();
+        let mut p = p;
+        let (k, v) = match std::env::var("KV_ALIGN").ok().and_then(|a| a.parse().ok()) {
+            Some(at) => {
+                let (k, ko) = place(&k, at);
+                let (v, vo) = place(&v, at);
+                p.k.offset += ko;
+                p.v.offset += vo;
+                (k, v)
+            }
+            None => (k, v),
+        };
         // BIAS: a full additive bias (small values), to time the per-element path.
         let bias = std::env::var_os("BIAS").map(|_| {
             let dims = [case.batch, case.q_heads, case.q_len, case.kv_len];
@@ -169,4 +182,24 @@ fn main() {
             best * 1e9 / (case.batch * case.kv_heads * case.kv_len) as f64
         );
     }
+}
+
+/// `d` copied into a new buffer at the first element that sits `at` bytes
+/// past a 64-byte line, and that element's index.
+fn place(d: &attn::HostData, at: usize) -> (attn::HostData, usize) {
+    let size = d.dtype().size_bytes();
+    let mut out = attn::HostData::zeros(d.dtype(), d.len() + 64 / size);
+    let addr = match &out {
+        attn::HostData::F32(x) => x.as_ptr() as usize,
+        attn::HostData::F16(x) => x.as_ptr() as usize,
+        attn::HostData::Bf16(x) => x.as_ptr() as usize,
+        _ => panic!("KV_ALIGN: f32, f16 or bf16 data"),
+    };
+    let skip = (at % 64 + 64 - addr % 64) % 64;
+    assert_eq!(skip % size, 0, "KV_ALIGN={at}: not a multiple of {size}");
+    let first = skip / size;
+    for i in 0..d.len() {
+        out.set(first + i, d.get(i));
+    }
+    (out, first)
 }
