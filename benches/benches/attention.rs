@@ -191,7 +191,9 @@ fn backward(c: &mut Criterion, env: &BenchEnv, progress: &mut Progress) {
 }
 
 /// The candle backends and baselines, each inside a pool of the thread
-/// count (candle's CPU kernels and attn's run on the current rayon pool).
+/// count (candle's CPU kernels and attn's run on the current rayon pool),
+/// the calls made from one of the pool's threads as a caller in such a
+/// pool makes them.
 fn candle(c: &mut Criterion, env: &BenchEnv, progress: &mut Progress) {
     for kind in CandleKind::ALL {
         if !env.wants_backend(kind.name()) {
@@ -214,8 +216,19 @@ fn candle(c: &mut Criterion, env: &BenchEnv, progress: &mut Progress) {
                 let Ok(mut run) = kind.prepare(case) else {
                     continue;
                 };
+                // The timed loop runs inside the pool, one hand-off per
+                // batch of calls: a hand-off into a rayon pool took 10-17
+                // us here (Zen 4), as long as a whole tiny case.
                 c.bench_function(&bench_id(kind.name(), case, threads), |b| {
-                    b.iter(|| pool.install(|| run(false).expect("run")))
+                    b.iter_custom(|iters| {
+                        pool.install(|| {
+                            let t = Instant::now();
+                            for _ in 0..iters {
+                                run(false).expect("run");
+                            }
+                            t.elapsed()
+                        })
+                    })
                 });
             }
         }
