@@ -17,6 +17,18 @@ pub trait CpuElement: Element {
     /// # Safety
     /// `p..p+16` must be readable elements.
     unsafe fn load16<V: Vector>(p: *const Self) -> V;
+    /// Loads 16 elements widened to f32, lanes `4g..4g + 4` from `at[g]`
+    /// ([`Vector::load_quarters`]). Element by element by default.
+    ///
+    /// # Safety
+    /// `at[g]..at[g] + 4` must be readable elements for each `g`.
+    #[inline(always)]
+    unsafe fn load16_quarters<V: Vector>(at: [*const Self; 4]) -> V {
+        V::from(std::array::from_fn(|l| {
+            // SAFETY: lane 4g + i reads at[g] + i, i < 4 (the caller's).
+            unsafe { *at[l / 4].add(l % 4) }.to_f32()
+        }))
+    }
     /// Stores the 16 lanes of `v` at `p` (unaligned), each rounded once to
     /// this type, bit for bit as [`CpuElement::store_scaled`] with factor
     /// 1: how whole output vectors go out. One by one by default.
@@ -49,6 +61,11 @@ impl CpuElement for f32 {
     unsafe fn load16<V: Vector>(p: *const f32) -> V {
         // SAFETY: the caller guarantees 16 readable f32 at `p`.
         unsafe { V::load(p) }
+    }
+    #[inline(always)]
+    unsafe fn load16_quarters<V: Vector>(at: [*const f32; 4]) -> V {
+        // SAFETY: forwarded from the caller.
+        unsafe { V::load_quarters(at) }
     }
     #[inline(always)]
     unsafe fn store16<V: Vector>(p: *mut f32, v: V) {

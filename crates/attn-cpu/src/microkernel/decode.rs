@@ -262,6 +262,13 @@ const QUAD_GROUP: usize = 8;
 /// `o[r * dv + c] = alpha[r] * o[r * dv + c] + sum_{j < n} p[r * ps + j] *
 /// v[j * vs + c]` for `r < R`, `c < dv`. Row `j` of `ahead` is
 /// prefetched alongside value row `j`.
+///
+/// f32 value rows that all sit `e` elements past a 64-byte line (`vs` and
+/// `dv` multiples of 16, `e` of 4) are read from column `h = 16 - e` on:
+/// every vector but the last then lies on one line, and the last takes
+/// the row's last `16 - h` and first `h` columns in four 16-byte pieces
+/// ([`rotation`]). A Rust `Vec` of f32 from the allocator sits 16 (or 32,
+/// 48) bytes past a line, where every 64-byte load would cross one.
 #[inline(always)]
 pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
     (p, ps): (&[f32], usize),
@@ -279,6 +286,7 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
             && (n == 0 || v.len() >= (n - 1) * vs + dv)
     );
     let most = V::decode_column_vecs(R);
+    let h = rotation(v, vs, dv);
     // Each pass over a range of columns prefetches its share of the next
     // tile's lines (`RowStream::part`).
     let (mut passes, mut rest) = (0, dv);
@@ -292,30 +300,47 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
     if most >= 8 {
         while c0 + 8 * LANES <= dv {
             let next = ahead.part(k, passes);
-            columns::<V, E, R, 8>((p, ps), (v, vs), n, dv, alpha, o, c0, next);
+            if h > 0 && c0 + 8 * LANES == dv {
+                columns::<V, E, R, 8, true>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
+            } else {
+                columns::<V, E, R, 8, false>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
+            }
             (c0, k) = (c0 + 8 * LANES, k + 1);
         }
     }
     if most >= 4 {
         while c0 + 4 * LANES <= dv {
             let next = ahead.part(k, passes);
-            columns::<V, E, R, 4>((p, ps), (v, vs), n, dv, alpha, o, c0, next);
+            if h > 0 && c0 + 4 * LANES == dv {
+                columns::<V, E, R, 4, true>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
+            } else {
+                columns::<V, E, R, 4, false>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
+            }
             (c0, k) = (c0 + 4 * LANES, k + 1);
         }
     }
     if most >= 2 {
         while c0 + 2 * LANES <= dv {
             let next = ahead.part(k, passes);
-            columns::<V, E, R, 2>((p, ps), (v, vs), n, dv, alpha, o, c0, next);
+            if h > 0 && c0 + 2 * LANES == dv {
+                columns::<V, E, R, 2, true>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
+            } else {
+                columns::<V, E, R, 2, false>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
+            }
             (c0, k) = (c0 + 2 * LANES, k + 1);
         }
     }
     while c0 + LANES <= dv {
         let next = ahead.part(k, passes);
-        columns::<V, E, R, 1>((p, ps), (v, vs), n, dv, alpha, o, c0, next);
+        if h > 0 && c0 + LANES == dv {
+            columns::<V, E, R, 1, true>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
+        } else {
+            columns::<V, E, R, 1, false>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
+        }
         (c0, k) = (c0 + LANES, k + 1);
     }
     debug_assert_eq!(k, passes);
+    debug_assert!(h == 0 || c0 == dv);
     if passes == 0 {
         for j in 0..n {
             ahead.row(j);
@@ -332,27 +357,74 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
     }
 }
 
-/// [`accumulate`] for the `CV` vectors of columns from `c0`: `R x CV`
-/// accumulators over all `n` keys, prefetching row `j` of `ahead` with
-/// value row `j`.
+/// The column [`accumulate`]'s vectors start from: `16 - e` for f32 value
+/// rows that all sit `e > 0` elements past a 64-byte line, `e` a multiple
+/// of 4 (rows 16-byte aligned, as Rust's allocator gives them), and span
+/// whole vectors; else 0.
+pub(super) fn rotation<E: CpuElement>(v: &[E], vs: usize, dv: usize) -> usize {
+    match E::as_f32(v) {
+        Some(f) if dv.is_multiple_of(LANES) && vs.is_multiple_of(LANES) => {
+            let e = (f.as_ptr() as usize / 4) % LANES;
+            if e.is_multiple_of(4) {
+                (LANES - e) % LANES
+            } else {
+                0
+            }
+        }
+        _ => 0,
+    }
+}
+
+/// Where the quarters of the vector at column `dv - 16 + h` of a row of
+/// `dv` (`0 < h < 16`, a multiple of 4) lie, from that column: the first
+/// `16 - h` lanes end the row, the rest begin it.
+#[inline(always)]
+fn wrapped_quarters(h: usize, dv: usize) -> [isize; 4] {
+    std::array::from_fn(|g| {
+        let l = 4 * g;
+        if l < LANES - h {
+            l as isize
+        } else {
+            l as isize - dv as isize
+        }
+    })
+}
+
+/// [`accumulate`] for `CV` vectors of columns: `R x CV` accumulators over
+/// all `n` keys, prefetching row `j` of `ahead` with value row `j`. The
+/// vectors start at column `h + c0` (`at = (c0, h)`, [`rotation`]); with
+/// `W` (`h > 0` and the pass ends at `dv`) the last vector takes columns
+/// `dv - 16 + h..dv` and `0..h` in its lanes, read in quarters, none of
+/// which crosses a line. `W` is a parameter, not worked out inside, so
+/// the other passes' loops stay as they were.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn columns<V: Vector, E: CpuElement, const R: usize, const CV: usize>(
+fn columns<V: Vector, E: CpuElement, const R: usize, const CV: usize, const W: bool>(
     (p, ps): (&[f32], usize),
     (v, vs): (&[E], usize),
     n: usize,
     dv: usize,
     alpha: &[f32; R],
     o: &mut [f32],
-    c0: usize,
+    (c0, h): (usize, usize),
     ahead: RowStream,
 ) {
+    let t0 = h + c0;
+    let q = wrapped_quarters(h, dv);
     let mut acc = [[V::ZERO; CV]; R];
     for (r, row) in acc.iter_mut().enumerate() {
         for (c, a) in row.iter_mut().enumerate() {
-            // SAFETY: c0 + CV * 16 <= dv: inside row r of o (asserted by
-            // `accumulate`).
-            let x = unsafe { load::<V>(o.as_ptr().add(r * dv + c0 + c * LANES)) };
+            // SAFETY: t0 + c * 16 < dv: inside row r of o (asserted by
+            // `accumulate`), with 16 columns from there, or, for the
+            // wrapped vector, 16 - h of them and the row's first h.
+            let x = unsafe {
+                let at = o.as_ptr().add(r * dv + t0 + c * LANES);
+                if W && c == CV - 1 {
+                    V::load_quarters(q.map(|d| at.wrapping_offset(d)))
+                } else {
+                    load::<V>(at)
+                }
+            };
             *a = x * V::splat(alpha[r]);
         }
     }
@@ -360,8 +432,15 @@ fn columns<V: Vector, E: CpuElement, const R: usize, const CV: usize>(
         ahead.row(j);
         let mut x = [V::ZERO; CV];
         for (c, xc) in x.iter_mut().enumerate() {
-            // SAFETY: value row j has dv >= c0 + CV * 16 elements.
-            *xc = unsafe { E::load16::<V>(v.as_ptr().add(j * vs + c0 + c * LANES)) };
+            // SAFETY: value row j has dv columns: as for o's rows above.
+            *xc = unsafe {
+                let at = v.as_ptr().add(j * vs + t0 + c * LANES);
+                if W && c == CV - 1 {
+                    E::load16_quarters::<V>(q.map(|d| at.wrapping_offset(d)))
+                } else {
+                    E::load16::<V>(at)
+                }
+            };
         }
         for (r, row) in acc.iter_mut().enumerate() {
             // SAFETY: r < R, j < n: inside p (asserted by `accumulate`).
@@ -374,7 +453,14 @@ fn columns<V: Vector, E: CpuElement, const R: usize, const CV: usize>(
     for (r, row) in acc.iter().enumerate() {
         for (c, &a) in row.iter().enumerate() {
             // SAFETY: as for the loads.
-            unsafe { store(o.as_mut_ptr().add(r * dv + c0 + c * LANES), a) };
+            unsafe {
+                let at = o.as_mut_ptr().add(r * dv + t0 + c * LANES);
+                if W && c == CV - 1 {
+                    a.store_quarters(q.map(|d| at.wrapping_offset(d)))
+                } else {
+                    store(at, a)
+                }
+            }
         }
     }
 }

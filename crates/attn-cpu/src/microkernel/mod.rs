@@ -673,4 +673,85 @@ mod tests {
     fn decode_accumulate_matches_scalar_accumulation() {
         for_each_vector!(decode_accumulate_all);
     }
+
+    /// f32 value rows at each of the 16 offsets from a 64-byte line (rows
+    /// a whole number of lines apart, so the kernel starts its vectors
+    /// where the lines do, `decode::rotation`): the same bits at every
+    /// offset, and the f64 sums within f32 rounding.
+    fn decode_accumulate_rotated_r<V: Vector, const R: usize>() {
+        let ps = 64;
+        let mut rotated = 0;
+        for dv in [16usize, 48, 128] {
+            let vs = dv.next_multiple_of(16) + 16;
+            for n in [1usize, 9, 64] {
+                let rows = fill(n * vs, 8);
+                let p = fill(R * ps, 9);
+                let o0 = fill(R * dv, 10);
+                let alpha: [f32; R] = std::array::from_fn(|r| 0.25 + r as f32 / 4.0);
+                let mut buf = vec![0.0f32; n * vs + 16];
+                let mut first: Option<Vec<f32>> = None;
+                for e in 0..16 {
+                    buf[e..e + n * vs].copy_from_slice(&rows);
+                    let v = &buf[e..e + n * vs];
+                    if decode::rotation(v, vs, dv) > 0 {
+                        rotated += 1;
+                    }
+                    let mut o = o0.clone();
+                    decode::accumulate::<V, f32, R>(
+                        (&p, ps),
+                        (v, vs),
+                        n,
+                        dv,
+                        &alpha,
+                        &mut o,
+                        crate::pack::RowStream::NONE,
+                    );
+                    match &first {
+                        None => {
+                            for (i, &got) in o.iter().enumerate() {
+                                let (r, c) = (i / dv, i % dv);
+                                let want = f64::from(alpha[r]) * f64::from(o0[i])
+                                    + (0..n)
+                                        .map(|j| {
+                                            f64::from(p[r * ps + j]) * f64::from(rows[j * vs + c])
+                                        })
+                                        .sum::<f64>();
+                                assert!(
+                                    (f64::from(got) - want).abs() <= 1e-5 * (n + 1) as f64,
+                                    "{:?} R={R} dv={dv} n={n} r={r} c={c}",
+                                    V::ISA
+                                );
+                            }
+                            first = Some(o);
+                        }
+                        Some(f) => {
+                            for (i, (&got, &want)) in o.iter().zip(f).enumerate() {
+                                assert_eq!(
+                                    got.to_bits(),
+                                    want.to_bits(),
+                                    "{:?} R={R} dv={dv} n={n} offset {e}: o[{i}]",
+                                    V::ISA
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Three offsets of every 16 start at a 16-byte boundary inside a
+        // line (a Vec's f32 start at a 16-byte one).
+        assert!(rotated >= 3 * 3 * 3, "{rotated} rotated runs");
+    }
+
+    fn decode_accumulate_rotated_all<V: Vector>() {
+        decode_accumulate_rotated_r::<V, 1>();
+        decode_accumulate_rotated_r::<V, 2>();
+        decode_accumulate_rotated_r::<V, 3>();
+        decode_accumulate_rotated_r::<V, 4>();
+    }
+
+    #[test]
+    fn decode_accumulate_gives_the_same_bits_at_every_row_alignment() {
+        for_each_vector!(decode_accumulate_rotated_all);
+    }
 }

@@ -198,6 +198,28 @@ unsafe impl Vector for V16 {
         }
     }
     #[inline(always)]
+    unsafe fn load_quarters(at: [*const f32; 4]) -> Self {
+        // SAFETY: four readable floats at each at[g] (the caller's
+        // guarantee); the CPU runs AVX.
+        unsafe {
+            let half = |a: *const f32, b: *const f32| {
+                _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(_mm_loadu_ps(a)), _mm_loadu_ps(b))
+            };
+            V16(half(at[0], at[1]), half(at[2], at[3]))
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_quarters(self, at: [*mut f32; 4]) {
+        // SAFETY: four writable floats at each at[g] (the caller's
+        // guarantee); the CPU runs AVX.
+        unsafe {
+            _mm_storeu_ps(at[0], _mm256_castps256_ps128(self.0));
+            _mm_storeu_ps(at[1], _mm256_extractf128_ps::<1>(self.0));
+            _mm_storeu_ps(at[2], _mm256_castps256_ps128(self.1));
+            _mm_storeu_ps(at[3], _mm256_extractf128_ps::<1>(self.1));
+        }
+    }
+    #[inline(always)]
     unsafe fn load_f16(p: *const f16) -> Self {
         // SAFETY: the caller guarantees 16 readable halves (32 bytes) at
         // `p`; the CPU runs F16C.

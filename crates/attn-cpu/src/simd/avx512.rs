@@ -209,6 +209,28 @@ unsafe impl Vector for V16 {
         unsafe { _mm512_storeu_ps(p, self.0) }
     }
     #[inline(always)]
+    unsafe fn load_quarters(at: [*const f32; 4]) -> Self {
+        // SAFETY: four readable floats at each at[g] (the caller's
+        // guarantee); the CPU runs AVX-512F.
+        unsafe {
+            let x = _mm512_castps128_ps512(_mm_loadu_ps(at[0]));
+            let x = _mm512_insertf32x4::<1>(x, _mm_loadu_ps(at[1]));
+            let x = _mm512_insertf32x4::<2>(x, _mm_loadu_ps(at[2]));
+            V16(_mm512_insertf32x4::<3>(x, _mm_loadu_ps(at[3])))
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_quarters(self, at: [*mut f32; 4]) {
+        // SAFETY: four writable floats at each at[g] (the caller's
+        // guarantee); the CPU runs AVX-512F.
+        unsafe {
+            _mm_storeu_ps(at[0], _mm512_castps512_ps128(self.0));
+            _mm_storeu_ps(at[1], _mm512_extractf32x4_ps::<1>(self.0));
+            _mm_storeu_ps(at[2], _mm512_extractf32x4_ps::<2>(self.0));
+            _mm_storeu_ps(at[3], _mm512_extractf32x4_ps::<3>(self.0));
+        }
+    }
+    #[inline(always)]
     unsafe fn load_f16(p: *const f16) -> Self {
         // SAFETY: the caller guarantees 16 readable halves (32 bytes) at
         // `p`; vcvtph2ps on zmm is AVX-512F.

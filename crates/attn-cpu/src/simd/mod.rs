@@ -103,6 +103,37 @@ pub unsafe trait Vector:
     /// # Safety
     /// `p..p+16` must be writable f32s.
     unsafe fn store(self, p: *mut f32);
+    /// Loads lanes `4g..4g + 4` from `at[g]` (unaligned): a vector of a
+    /// row's columns built from pieces, such as the one that wraps round
+    /// past the row's end, so no load crosses a cache line. Piece by piece
+    /// by default.
+    ///
+    /// # Safety
+    /// `at[g]..at[g] + 4` must be readable f32s for each `g`.
+    #[inline(always)]
+    unsafe fn load_quarters(at: [*const f32; 4]) -> Self {
+        let mut x = [0.0; 16];
+        for (g, &p) in at.iter().enumerate() {
+            // SAFETY: four readable floats at p (the caller's guarantee).
+            x[4 * g..4 * g + 4]
+                .copy_from_slice(&unsafe { (p as *const [f32; 4]).read_unaligned() });
+        }
+        Self::from(x)
+    }
+    /// Stores lanes `4g..4g + 4` at `at[g]` (unaligned), as
+    /// [`Vector::load_quarters`] reads them. Piece by piece by default.
+    ///
+    /// # Safety
+    /// `at[g]..at[g] + 4` must be writable f32s for each `g`.
+    #[inline(always)]
+    unsafe fn store_quarters(self, at: [*mut f32; 4]) {
+        let x = self.to_array();
+        for (g, &p) in at.iter().enumerate() {
+            let q: [f32; 4] = std::array::from_fn(|i| x[4 * g + i]);
+            // SAFETY: four writable floats at p (the caller's guarantee).
+            unsafe { (p as *mut [f32; 4]).write_unaligned(q) };
+        }
+    }
     /// Loads 16 f16 from `p` (unaligned), widened exactly.
     ///
     /// # Safety
@@ -420,6 +451,35 @@ mod tests {
     #[test]
     fn transpose16_matches_the_definition() {
         for_each_vector!(transpose16_is_the_transpose);
+    }
+
+    fn quarters_move_each_piece<V: Vector>() {
+        let src: Vec<f32> = (0..64).map(|i| i as f32).collect();
+        // Pieces out of order and overlapping, at any 4-byte offset.
+        let from = [37usize, 3, 50, 3];
+        // SAFETY: every piece lies inside src (at most 50 + 4 <= 64); the
+        // level runs on this CPU (for_each_vector).
+        let x = unsafe { V::load_quarters(from.map(|i| src.as_ptr().wrapping_add(i))) };
+        for (l, &got) in x.to_array().iter().enumerate() {
+            assert_eq!(got, (from[l / 4] + l % 4) as f32, "{:?}: lane {l}", V::ISA);
+        }
+        let mut dst = vec![-1.0f32; 64];
+        let to = [9usize, 30, 1, 59];
+        let p = dst.as_mut_ptr();
+        // SAFETY: every piece lies inside dst (at most 59 + 4 <= 64).
+        unsafe { x.store_quarters(to.map(|i| p.wrapping_add(i))) };
+        for (i, &got) in dst.iter().enumerate() {
+            let want = match to.iter().position(|&t| (t..t + 4).contains(&i)) {
+                Some(g) => (from[g] + i - to[g]) as f32,
+                None => -1.0,
+            };
+            assert_eq!(got, want, "{:?}: dst[{i}]", V::ISA);
+        }
+    }
+
+    #[test]
+    fn load_and_store_quarters_move_each_piece_only() {
+        for_each_vector!(quarters_move_each_piece);
     }
 
     fn lane_ops<V: Vector>() {
