@@ -218,7 +218,10 @@ fn candle(c: &mut Criterion, env: &BenchEnv, progress: &mut Progress) {
                 };
                 // The timed loop runs inside the pool, one hand-off per
                 // batch of calls: a hand-off into a rayon pool took 10-17
-                // us here (Zen 4), as long as a whole tiny case.
+                // us here (Zen 4), as long as a whole tiny case. (The cpu
+                // engine's rows pay one per call where a problem runs
+                // parallel, as a caller of `Cpu` does; none where it runs
+                // on the calling thread.)
                 c.bench_function(&bench_id(kind.name(), case, threads), |b| {
                     b.iter_custom(|iters| {
                         pool.install(|| {

@@ -71,7 +71,11 @@ fn main() {
         };
         let [q, k, v] = case.data();
         let mut p = p;
-        let (k, v) = match std::env::var("KV_ALIGN").ok().and_then(|a| a.parse().ok()) {
+        let align = std::env::var("KV_ALIGN").ok().map(|a| {
+            a.parse::<usize>()
+                .unwrap_or_else(|_| panic!("KV_ALIGN={a}: a byte offset"))
+        });
+        let (k, v) = match align {
             Some(at) => {
                 let (k, ko) = place(&k, at);
                 let (v, vo) = place(&v, at);

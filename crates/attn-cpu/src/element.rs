@@ -18,7 +18,9 @@ pub trait CpuElement: Element {
     /// `p..p+16` must be readable elements.
     unsafe fn load16<V: Vector>(p: *const Self) -> V;
     /// Loads 16 elements widened to f32, lanes `4g..4g + 4` from `at[g]`
-    /// ([`Vector::load_quarters`]). Element by element by default.
+    /// ([`Vector::load_quarters`]). Element by element by default (which
+    /// f16 and bf16 keep: the decode kernel reads only f32 rows this way,
+    /// `microkernel::decode::rotation`).
     ///
     /// # Safety
     /// `at[g]..at[g] + 4` must be readable elements for each `g`.

@@ -267,8 +267,9 @@ const QUAD_GROUP: usize = 8;
 /// `dv` multiples of 16, `e` of 4) are read from column `h = 16 - e` on:
 /// every vector but the last then lies on one line, and the last takes
 /// the row's last `16 - h` and first `h` columns in four 16-byte pieces
-/// ([`rotation`]). A Rust `Vec` of f32 from the allocator sits 16 (or 32,
-/// 48) bytes past a line, where every 64-byte load would cross one.
+/// ([`rotation`]). A Rust `Vec` of f32 from the allocator is only
+/// 16-byte aligned, and usually sits 16, 32 or 48 bytes past a line,
+/// where every 64-byte load would cross one.
 #[inline(always)]
 pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
     (p, ps): (&[f32], usize),
@@ -297,48 +298,31 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
         }
     }
     let (mut c0, mut k) = (0, 0);
-    if most >= 8 {
-        while c0 + 8 * LANES <= dv {
-            let next = ahead.part(k, passes);
-            if h > 0 && c0 + 8 * LANES == dv {
-                columns::<V, E, R, 8, true>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
-            } else {
-                columns::<V, E, R, 8, false>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
+    // Passes of `w` vectors while they fit; with `h > 0` the one that ends
+    // at `dv` holds the wrapped vector (`W`).
+    macro_rules! passes_of {
+        ($w:literal) => {
+            while c0 + $w * LANES <= dv {
+                let (next, at) = (ahead.part(k, passes), (c0, h));
+                if h > 0 && c0 + $w * LANES == dv {
+                    columns::<V, E, R, $w, true>((p, ps), (v, vs), n, dv, alpha, o, at, next);
+                } else {
+                    columns::<V, E, R, $w, false>((p, ps), (v, vs), n, dv, alpha, o, at, next);
+                }
+                (c0, k) = (c0 + $w * LANES, k + 1);
             }
-            (c0, k) = (c0 + 8 * LANES, k + 1);
-        }
+        };
+    }
+    if most >= 8 {
+        passes_of!(8);
     }
     if most >= 4 {
-        while c0 + 4 * LANES <= dv {
-            let next = ahead.part(k, passes);
-            if h > 0 && c0 + 4 * LANES == dv {
-                columns::<V, E, R, 4, true>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
-            } else {
-                columns::<V, E, R, 4, false>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
-            }
-            (c0, k) = (c0 + 4 * LANES, k + 1);
-        }
+        passes_of!(4);
     }
     if most >= 2 {
-        while c0 + 2 * LANES <= dv {
-            let next = ahead.part(k, passes);
-            if h > 0 && c0 + 2 * LANES == dv {
-                columns::<V, E, R, 2, true>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
-            } else {
-                columns::<V, E, R, 2, false>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
-            }
-            (c0, k) = (c0 + 2 * LANES, k + 1);
-        }
+        passes_of!(2);
     }
-    while c0 + LANES <= dv {
-        let next = ahead.part(k, passes);
-        if h > 0 && c0 + LANES == dv {
-            columns::<V, E, R, 1, true>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
-        } else {
-            columns::<V, E, R, 1, false>((p, ps), (v, vs), n, dv, alpha, o, (c0, h), next);
-        }
-        (c0, k) = (c0 + LANES, k + 1);
-    }
+    passes_of!(1);
     debug_assert_eq!(k, passes);
     debug_assert!(h == 0 || c0 == dv);
     if passes == 0 {
@@ -380,6 +364,7 @@ pub(super) fn rotation<E: CpuElement>(v: &[E], vs: usize, dv: usize) -> usize {
 /// `16 - h` lanes end the row, the rest begin it.
 #[inline(always)]
 fn wrapped_quarters(h: usize, dv: usize) -> [isize; 4] {
+    debug_assert!(0 < h && h < LANES && h.is_multiple_of(4) && dv >= LANES);
     std::array::from_fn(|g| {
         let l = 4 * g;
         if l < LANES - h {
@@ -395,8 +380,10 @@ fn wrapped_quarters(h: usize, dv: usize) -> [isize; 4] {
 /// vectors start at column `h + c0` (`at = (c0, h)`, [`rotation`]); with
 /// `W` (`h > 0` and the pass ends at `dv`) the last vector takes columns
 /// `dv - 16 + h..dv` and `0..h` in its lanes, read in quarters, none of
-/// which crosses a line. `W` is a parameter, not worked out inside, so
-/// the other passes' loops stay as they were.
+/// which crosses a line of `v`. (The rows of `o` shift by `h` too and may
+/// cross lines; they are read and written once per call.) `W` is a
+/// parameter, not worked out inside, so the other passes' loops stay as
+/// they were.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn columns<V: Vector, E: CpuElement, const R: usize, const CV: usize, const W: bool>(
@@ -410,13 +397,15 @@ fn columns<V: Vector, E: CpuElement, const R: usize, const CV: usize, const W: b
     ahead: RowStream,
 ) {
     let t0 = h + c0;
-    let q = wrapped_quarters(h, dv);
+    let q = if W { wrapped_quarters(h, dv) } else { [0; 4] };
     let mut acc = [[V::ZERO; CV]; R];
     for (r, row) in acc.iter_mut().enumerate() {
         for (c, a) in row.iter_mut().enumerate() {
-            // SAFETY: t0 + c * 16 < dv: inside row r of o (asserted by
-            // `accumulate`), with 16 columns from there, or, for the
-            // wrapped vector, 16 - h of them and the row's first h.
+            // SAFETY: the passes of `accumulate` cover columns h..h + dv
+            // (h > 0 only where dv is a multiple of 16): t0 + c * 16 < dv,
+            // inside row r of o (R rows asserted there), with 16 columns
+            // from there, or, for the wrapped vector, 16 - h of them and
+            // the row's first h.
             let x = unsafe {
                 let at = o.as_ptr().add(r * dv + t0 + c * LANES);
                 if W && c == CV - 1 {

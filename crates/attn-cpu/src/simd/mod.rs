@@ -105,8 +105,8 @@ pub unsafe trait Vector:
     unsafe fn store(self, p: *mut f32);
     /// Loads lanes `4g..4g + 4` from `at[g]` (unaligned): a vector of a
     /// row's columns built from pieces, such as the one that wraps round
-    /// past the row's end, so no load crosses a cache line. Piece by piece
-    /// by default.
+    /// past the row's end, so that no load crosses a cache line of a
+    /// 16-byte aligned row. Piece by piece by default.
     ///
     /// # Safety
     /// `at[g]..at[g] + 4` must be readable f32s for each `g`.
