@@ -471,10 +471,13 @@ fn step_rows<V: Vector, T: CpuElement, E: CpuElement, const R: usize>(
     let per_element = ctx.per_element();
     if pair_scores(st, (k, ks), (n, dk, R), sd, ahead.0) {
         // bf16 pairs on `vdpbf16ps`.
-    } else if st.q4.is_empty() {
-        mk::scores::<V, E, R>(&st.qd, st.qs, (k, ks), n, dk, (sd, KEYS), ahead.0);
-    } else {
+    } else if const { R >= 3 && V::QUAD } && !st.q4.is_empty() {
+        // (`q4` is filled only where `quad_ok`: the `const` test keeps
+        // the quad kernel out of the blocks it never runs on.)
         mk::scores_quad::<V, E, R>(&st.q4, (k, ks), n, dk, (sd, KEYS), ahead.0);
+    } else {
+        debug_assert!(st.q4.is_empty());
+        mk::scores::<V, E, R>(&st.qd, st.qs, (k, ks), n, dk, (sd, KEYS), ahead.0);
     }
     // Each row's old maximum less its shift, and its tile's sum: the
     // rows' rescale factors come from one vector exponential after the

@@ -49,7 +49,8 @@ pub fn scores<V: Vector, E: CpuElement, const R: usize>(
             && s.len() >= (R - 1) * ss + n16
             && (n == 0 || k.len() >= (n - 1) * ks + d)
     );
-    match V::decode_group(R) {
+    // A constant: only the chosen `G` is compiled.
+    match const { V::DECODE_GROUP[R - 1] } {
         16 => tile::<V, E, R, 16>(q, qs, (k, ks), n, d, (s, ss), ahead),
         8 => tile::<V, E, R, 8>(q, qs, (k, ks), n, d, (s, ss), ahead),
         4 => tile::<V, E, R, 4>(q, qs, (k, ks), n, d, (s, ss), ahead),
@@ -286,7 +287,7 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
             && p.len() >= (R - 1) * ps + n
             && (n == 0 || v.len() >= (n - 1) * vs + dv)
     );
-    let most = V::decode_column_vecs(R);
+    let most = const { V::DECODE_COLUMN_VECS[R - 1] };
     let h = rotation(v, vs, dv);
     // Each pass over a range of columns prefetches its share of the next
     // tile's lines (`RowStream::part`).
@@ -304,7 +305,9 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
         ($w:literal) => {
             while c0 + $w * LANES <= dv {
                 let (next, at) = (ahead.part(k, passes), (c0, h));
-                if h > 0 && c0 + $w * LANES == dv {
+                // (`rotation` is 0 but for f32: the wrapped variant is
+                // compiled for f32 only.)
+                if const { E::F32 } && h > 0 && c0 + $w * LANES == dv {
                     columns::<V, E, R, $w, true>((p, ps), (v, vs), n, dv, alpha, o, at, next);
                 } else {
                     columns::<V, E, R, $w, false>((p, ps), (v, vs), n, dv, alpha, o, at, next);
@@ -313,13 +316,14 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
             }
         };
     }
-    if most >= 8 {
+    // `const` conditions: passes wider than `most` are not compiled.
+    if const { V::DECODE_COLUMN_VECS[R - 1] >= 8 } {
         passes_of!(8);
     }
-    if most >= 4 {
+    if const { V::DECODE_COLUMN_VECS[R - 1] >= 4 } {
         passes_of!(4);
     }
-    if most >= 2 {
+    if const { V::DECODE_COLUMN_VECS[R - 1] >= 2 } {
         passes_of!(2);
     }
     passes_of!(1);

@@ -154,27 +154,16 @@ unsafe impl Vector for V16 {
         // 12 of 16 registers in accumulators: 6 keys x 1 vector.
         6
     }
-    #[inline(always)]
-    fn decode_group(r: usize) -> usize {
-        // Up to 16 registers of accumulators (2 per vector). Measured
-        // (Zen 3, GQA 32:8 d = 128, 32768 keys, 1 thread, `perf`
-        // example): 2 keys for 4 rows ran at 14.5-17.5 GFLOP/s, 1 key (8
-        // registers, no spill) at 8.9-13.7; more keys no faster.
-        match r {
-            1 => 8,
-            2 => 4,
-            _ => 2,
-        }
-    }
-    #[inline(always)]
-    fn decode_column_vecs(_r: usize) -> usize {
-        // Whole 128-column rows in one pass, though 4 rows x 8 vectors of
-        // accumulators spill: the pass over the tile's value rows, read
-        // from L2, costs more than the spills (measured as above: 8
-        // vectors 16.9-17.5 GFLOP/s, 4 vectors 13.7-15.5, 1 vector
-        // 8.9-12.0).
-        8
-    }
+    // Up to 16 registers of accumulators (2 per vector). Measured (Zen
+    // 3, GQA 32:8 d = 128, 32768 keys, 1 thread, `perf` example): 2 keys
+    // for 4 rows ran at 14.5-17.5 GFLOP/s, 1 key (8 registers, no spill)
+    // at 8.9-13.7; more keys no faster.
+    const DECODE_GROUP: [usize; 4] = [8, 4, 2, 2];
+    // Whole 128-column rows in one pass, though 4 rows x 8 vectors of
+    // accumulators spill: the pass over the tile's value rows, read from
+    // L2, costs more than the spills (measured as above: 8 vectors
+    // 16.9-17.5 GFLOP/s, 4 vectors 13.7-15.5, 1 vector 8.9-12.0).
+    const DECODE_COLUMN_VECS: [usize; 4] = [8; 4];
     #[inline(always)]
     fn splat(x: f32) -> Self {
         // SAFETY: as in `both!`.

@@ -79,14 +79,17 @@ pub unsafe trait Vector:
     const QUAD: bool;
 
     /// Keys whose dot products the decode score kernel
-    /// (`microkernel::decode::scores`) runs together for `r` query rows:
-    /// `r x G` accumulators, `G` in 1, 2, 4, 8, 16.
-    fn decode_group(r: usize) -> usize;
+    /// (`microkernel::decode::scores`) runs together for `r` query rows,
+    /// at index `r - 1`: `r x G` accumulators, `G` in 1, 2, 4, 8, 16. A
+    /// constant, read in `const` blocks, so that only the chosen `G` is
+    /// compiled (a run-time choice compiled all five for every level,
+    /// element and `r`: a sixth of attn-cpu's build).
+    const DECODE_GROUP: [usize; 4];
     /// Vectors of value columns the decode path's `P V`
-    /// (`microkernel::decode::accumulate`) keeps per row for `r` rows: 1,
-    /// 2, 4 or 8 (each pass over a tile's value rows reads this many
-    /// vectors of each row).
-    fn decode_column_vecs(r: usize) -> usize;
+    /// (`microkernel::decode::accumulate`) keeps per row for `r` rows, at
+    /// index `r - 1`: 1, 2, 4 or 8 (each pass over a tile's value rows
+    /// reads this many vectors of each row). A constant, as above.
+    const DECODE_COLUMN_VECS: [usize; 4];
     /// Keys (scores) or value columns (`P V`) per microkernel call on
     /// `nv <= KERNEL_VECS` vectors of rows: `mr(nv) x nv` accumulators fit
     /// the level's registers beside the operands.

@@ -35,20 +35,10 @@ unsafe impl Vector for V16 {
         // (not measured).
         2
     }
-    #[inline(always)]
-    fn decode_group(r: usize) -> usize {
-        // About 16 registers of accumulators, 4 per vector.
-        match r {
-            1 => 4,
-            2 => 2,
-            _ => 1,
-        }
-    }
-    #[inline(always)]
-    fn decode_column_vecs(_r: usize) -> usize {
-        // As AVX2: one pass over each tile's value rows.
-        8
-    }
+    // About 16 registers of accumulators, 4 per vector.
+    const DECODE_GROUP: [usize; 4] = [4, 2, 1, 1];
+    // As AVX2: one pass over each tile's value rows.
+    const DECODE_COLUMN_VECS: [usize; 4] = [8; 4];
     #[inline(always)]
     fn splat(x: f32) -> Self {
         f32x16::splat(x)
