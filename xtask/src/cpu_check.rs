@@ -1,7 +1,8 @@
 //! `cargo xtask cpu-check`: attn-cpu's kernels keep their accumulators in
-//! registers on every SIMD level. Disassembles its own executable (a
-//! release build that links attn-cpu's forward pass, every level compiled
-//! in: dispatch is at run time) with `objdump`, and counts, in each
+//! registers on every SIMD level. Runs attn-cpu's passes once on small
+//! problems, then disassembles its own executable (a release build that
+//! links them, every level compiled in: dispatch is at run time) with
+//! `objdump`, and counts, in each
 //! level's out-of-line functions (`kernel_entries!`; `dot16::` for the
 //! avx512bf16 level), the instructions that move a vector register to or
 //! from the stack: in the
@@ -20,9 +21,11 @@ const KERNELS: &[&str] = &["scores_part", "pv_part"];
 const BF16_KERNELS: &[&str] = &["scores_quad_pairs", "accumulate_pairs"];
 
 pub fn run() -> Result<(), String> {
-    // This very program links attn-cpu's forward pass (the bench checks
-    // every backend), built with the workspace's release profile: every
-    // level's kernels are in it, as in any release build.
+    // This very program, built with the workspace's release profile, links
+    // attn-cpu's passes through `exercise` (and, with the bench feature,
+    // the bench): every level's kernels are in it, as in any release
+    // build, since the level is chosen at run time.
+    exercise()?;
     let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
     let out = Command::new("objdump")
         .args(["-d", "--no-show-raw-insn", "-C"])
@@ -64,6 +67,90 @@ pub fn run() -> Result<(), String> {
             spills.join(", ")
         ))
     }
+}
+
+/// Runs attn-cpu once on each path whose kernels the check reads, on
+/// small problems, f32 and bf16: prefill (causal), decode (GQA 4:1, one
+/// query row), the backward pass and the attention maps. It fails on an
+/// error or a non-finite output; what matters most is that this program
+/// then links them (on the level this CPU runs; the others are linked
+/// all the same).
+fn exercise() -> Result<(), String> {
+    use attn_spec::{
+        AttentionMaps, AttnOptions, Backend, Backward, DType, GradInputs, GradRequest, HostData,
+        Inputs, MapRequest, Problem, Shape,
+    };
+    let e = |e: attn_spec::AttnError| format!("cpu-check's exercise of attn-cpu: {e}");
+    let data = |n: usize, seed: u32, dtype: DType| {
+        let vals = (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) as f32 / u32::MAX as f32 - 0.5);
+        match dtype {
+            DType::Bf16 => HostData::Bf16(vals.map(attn_spec::bf16::from_f32).collect()),
+            _ => HostData::F32(vals.collect()),
+        }
+    };
+    let finite = |d: &HostData| match d {
+        HostData::F32(v) => v.iter().all(|x| x.is_finite()),
+        HostData::Bf16(v) => v.iter().all(|x| x.to_f32().is_finite()),
+        _ => true,
+    };
+    let cpu = attn_cpu::Cpu::new();
+    for dtype in [DType::F32, DType::Bf16] {
+        // (b, h, kv heads, q_len, kv_len, d), causal
+        for ([b, h, kvh, sq, skv, d], causal) in [
+            ([1, 2, 2, 64, 64, 64], true),
+            ([1, 4, 1, 1, 96, 128], false),
+        ] {
+            let mut options = AttnOptions::default();
+            if causal {
+                options = options.causal();
+            }
+            options.return_lse = true;
+            let problem =
+                Problem::new(Shape::new(b, h, kvh, sq, skv, d), dtype).with_options(options);
+            let (q, k, v) = (
+                data(b * sq * h * d, 1, dtype),
+                data(b * skv * kvh * d, 2, dtype),
+                data(b * skv * kvh * d, 3, dtype),
+            );
+            let inputs = Inputs::new(&q, &k, &v);
+            let fwd = cpu.forward(&problem, inputs).map_err(e)?;
+            let lse = fwd
+                .lse
+                .as_ref()
+                .ok_or("cpu-check: the forward returned no log-sum-exp")?;
+            let grads = cpu
+                .backward(
+                    &problem,
+                    inputs,
+                    GradInputs {
+                        out: &fwd.out,
+                        lse: Some(lse),
+                        d_out: &fwd.out,
+                    },
+                    GradRequest::all(&problem),
+                )
+                .map_err(e)?;
+            let maps = cpu
+                .maps(&problem, inputs, Some(lse), &MapRequest::all())
+                .map_err(e)?;
+            for (what, buf) in [
+                ("output", &fwd.out),
+                ("dQ", &grads.dq),
+                ("dK", &grads.dk),
+                ("dV", &grads.dv),
+                ("maps", &maps.probs),
+            ] {
+                if !finite(buf) {
+                    return Err(format!(
+                        "cpu-check: attn-cpu's {what} is not finite \
+                         ({dtype:?}, {b}x{h}x{kvh}x{sq}x{skv}x{d})"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Per `(level, function)` of `attn_cpu::simd::<level>::kernels::`, its

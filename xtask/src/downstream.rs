@@ -61,7 +61,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "SIMD level: workspace {}, downstream {} (CPU: {})",
         isas[0],
         isas[1],
-        crate::machine::cpu_model()
+        crate::cpu_model()
     );
     println!(
         "| case (1 thread) | workspace ms | downstream ms | downstream speed |\n|---|---|---|---|"

@@ -80,19 +80,6 @@ fn cmd(program: &str, args: &[&str]) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// The CPU model from /proc/cpuinfo.
-pub fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
 /// The SIMD level attn-cpu dispatches to in this process (`ATTN_CPU_ISA`
 /// may cap it), or the error that variable gives.
 pub fn simd_level() -> String {
@@ -112,7 +99,7 @@ pub fn measure() -> Machine {
     let bw_all = triad_bandwidth(cores);
     let read = (read_bandwidth(1), read_bandwidth(cores));
     let facts = json!({
-        "cpu_model": cpu_model(),
+        "cpu_model": crate::cpu_model(),
         "cores": cores,
         "simd_dispatched": simd_level(),
         "simd_available": attn_cpu::Isa::detected().name(),

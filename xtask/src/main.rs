@@ -1,9 +1,18 @@
 //! Repository tasks, run as `cargo xtask <task>` (an alias in
 //! `.cargo/config.toml`). A thin dispatcher: one file per task.
 
+// The tasks that run every backend (`bench`, `peak`, `verify`) link
+// candle and the bench crate: the `bench` feature, on by default (so that
+// `cargo test --workspace` builds and tests them). The `cargo xtask` alias
+// builds without it, which keeps the build that CI's tasks wait for (test,
+// fuzz, the CUDA and CPU checks) to attn-cpu and attn-cuda; those three
+// tasks then run from a second build that has it ([`with_bench`]).
+#[cfg(feature = "bench")]
 mod bench;
 mod candle_cuda;
+#[cfg(feature = "bench")]
 mod charts;
+#[cfg(feature = "bench")]
 mod check;
 mod cpu_check;
 mod cross;
@@ -11,12 +20,17 @@ mod cuda;
 mod downstream;
 mod fuzz;
 mod gpu_check;
+#[cfg(feature = "bench")]
 mod machine;
 mod memcheck;
+#[cfg(feature = "bench")]
 mod ort;
+#[cfg(feature = "bench")]
 mod report;
 mod soak;
+#[cfg(feature = "bench")]
 mod torch;
+#[cfg(feature = "bench")]
 mod verify;
 
 use std::process::ExitCode;
@@ -40,8 +54,9 @@ tasks:
            under ~/.cache/attn, once), runs `cargo test --workspace` with the NVRTC tests
            required, then attn-cpu's conformance suite again on every lower SIMD level this
            CPU runs (ATTN_CPU_ISA=portable, avx2), then `cpu-check` and `cuda-check`
-  cpu-check   disassemble attn-cpu's kernels (in this release executable, with objdump) and
-           fail when a level's microkernels move vector registers to the stack (spills)
+  cpu-check   run attn-cpu's passes once on small problems, disassemble its kernels (in this
+           release executable, with objdump) and fail when a level's microkernels move
+           vector registers to the stack (spills)
   cuda-setup  only the virtualenv of NVRTC and ptxas
   cuda-check  compile every CUDA kernel variant for sm_80 and sm_90 through NVRTC, print
            ptxas's registers, shared memory and spills per variant, fail on a spill in a
@@ -79,11 +94,16 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rest = args.get(1..).unwrap_or_default();
     let result = match args.first().map(String::as_str) {
+        #[cfg(feature = "bench")]
         Some("bench") => bench::run(rest),
+        #[cfg(feature = "bench")]
         Some("peak") => machine::run_peak(),
+        #[cfg(feature = "bench")]
+        Some("verify") => verify::run(rest),
+        #[cfg(not(feature = "bench"))]
+        Some("bench" | "peak" | "verify") => with_bench(&args),
         Some("cpu-check") => cpu_check::run(),
         Some("downstream") => downstream::run(rest),
-        Some("verify") => verify::run(rest),
         Some("fuzz") => fuzz::run(rest),
         Some("soak") => soak::run(rest),
         Some("memcheck") => memcheck::run(rest),
@@ -164,6 +184,46 @@ fn test(args: &[String]) -> Result<(), String> {
     }
     cpu_check::run()?;
     cuda::check(&["--quiet".to_string()])
+}
+
+/// Runs this task from a build of this program with the `bench` feature
+/// (the second build the alias's lean one hands these tasks to).
+#[cfg(not(feature = "bench"))]
+fn with_bench(args: &[String]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = std::process::Command::new(cargo)
+        .args([
+            "run",
+            "--package",
+            "xtask",
+            "--release",
+            "--quiet",
+            "--features",
+            "bench",
+            "--",
+        ])
+        .args(args)
+        .current_dir(root())
+        .status()
+        .map_err(|e| format!("cargo run (xtask with the bench feature): {e}"))?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("xtask {} failed", args.join(" ")))
+    }
+}
+
+/// The CPU's model name from `/proc/cpuinfo`, or `unknown`.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// The workspace root (the parent of this crate's directory).
