@@ -2,14 +2,13 @@
 //! registers on every SIMD level. Runs attn-cpu's passes once on small
 //! problems, then disassembles its own executable (a release build that
 //! links them, every level compiled in: dispatch is at run time) with
-//! `objdump`, and counts, in each
-//! level's out-of-line functions (`kernel_entries!`; `dot16::` for the
-//! avx512bf16 level), the instructions that move a vector register to or
-//! from the stack: in the
+//! `objdump`, and counts, in each level's out-of-line functions
+//! (`kernel_entries!`; `dot16::` for the avx512bf16 level), the
+//! instructions that move a vector register to or from the stack: in the
 //! microkernels (`scores_part`, `pv_part`, and the avx512bf16 level's
 //! `scores_quad_pairs` and `accumulate_pairs`) every such move is a spill,
-//! and the check fails on one; `run_items` and `decode_tile` (the loop
-//! nest around them) are reported for information.
+//! and the check fails on one; `run_items`, `decode_tile` and the rest
+//! (the loop nests around them) are reported for information.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -70,11 +69,11 @@ pub fn run() -> Result<(), String> {
 }
 
 /// Runs attn-cpu once on each path whose kernels the check reads, on
-/// small problems, f32 and bf16: prefill (causal), decode (GQA 4:1, one
-/// query row), the backward pass and the attention maps. It fails on an
-/// error or a non-finite output; what matters most is that this program
-/// then links them (on the level this CPU runs; the others are linked
-/// all the same).
+/// small problems, f32 and bf16: prefill (causal), decode (GQA 4:1 on two
+/// K/V heads, one query row), the backward pass and the attention maps.
+/// It fails on an error or a non-finite output; what matters most is
+/// that this program then links them (run on the level this CPU runs;
+/// the others' are linked all the same).
 fn exercise() -> Result<(), String> {
     use attn_spec::{
         AttentionMaps, AttnOptions, Backend, Backward, DType, GradInputs, GradRequest, HostData,
@@ -99,7 +98,7 @@ fn exercise() -> Result<(), String> {
         // (b, h, kv heads, q_len, kv_len, d), causal
         for ([b, h, kvh, sq, skv, d], causal) in [
             ([1, 2, 2, 64, 64, 64], true),
-            ([1, 4, 1, 1, 96, 128], false),
+            ([1, 8, 2, 1, 96, 128], false),
         ] {
             let mut options = AttnOptions::default();
             if causal {

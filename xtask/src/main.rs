@@ -190,6 +190,10 @@ fn test(args: &[String]) -> Result<(), String> {
 /// (the second build the alias's lean one hands these tasks to).
 #[cfg(not(feature = "bench"))]
 fn with_bench(args: &[String]) -> Result<(), String> {
+    eprintln!(
+        "xtask: `{}` runs from a build with the bench feature (building it) ...",
+        args[0]
+    );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = std::process::Command::new(cargo)
         .args([
@@ -209,7 +213,8 @@ fn with_bench(args: &[String]) -> Result<(), String> {
     if st.success() {
         Ok(())
     } else {
-        Err(format!("xtask {} failed", args.join(" ")))
+        // That build (or cargo) has said what went wrong.
+        std::process::exit(st.code().unwrap_or(1))
     }
 }
 

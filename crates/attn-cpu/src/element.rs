@@ -7,9 +7,6 @@ use half::slice::HalfFloatSliceExt;
 
 /// An element type attn-cpu computes on: f32, f16 and bf16.
 pub trait CpuElement: Element {
-    /// Whether this is f32 (then [`CpuElement::as_f32`] gives the slice
-    /// back): a constant, for code only f32 runs.
-    const F32: bool;
     /// The slice itself when it already is f32 (no conversion needed).
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// Widens `src` into `dst` (same length), with vectors `V`.
@@ -55,7 +52,6 @@ pub trait CpuElement: Element {
 }
 
 impl CpuElement for f32 {
-    const F32: bool = true;
     fn as_f32(s: &[f32]) -> Option<&[f32]> {
         Some(s)
     }
@@ -98,7 +94,6 @@ impl CpuElement for f32 {
 }
 
 impl CpuElement for f16 {
-    const F32: bool = false;
     fn as_f32(_: &[f16]) -> Option<&[f32]> {
         None
     }
@@ -136,7 +131,6 @@ impl CpuElement for f16 {
 }
 
 impl CpuElement for bf16 {
-    const F32: bool = false;
     fn as_f32(_: &[bf16]) -> Option<&[f32]> {
         None
     }

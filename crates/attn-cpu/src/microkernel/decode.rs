@@ -21,6 +21,7 @@ use crate::blocking::LANES;
 use crate::element::CpuElement;
 use crate::pack::RowStream;
 use crate::simd::{load, store, Vector};
+use attn_spec::DType;
 use std::mem::MaybeUninit;
 
 /// `s[r * ss + j] = sum_{e < d} q[r * qs + e] * k[j * ks + e]` for `r < R`,
@@ -49,6 +50,7 @@ pub fn scores<V: Vector, E: CpuElement, const R: usize>(
             && s.len() >= (R - 1) * ss + n16
             && (n == 0 || k.len() >= (n - 1) * ks + d)
     );
+    const { assert!(R >= 1 && R <= 4 && matches!(V::DECODE_GROUP[R - 1], 1 | 2 | 4 | 8 | 16)) };
     // A constant: only the chosen `G` is compiled.
     match const { V::DECODE_GROUP[R - 1] } {
         16 => tile::<V, E, R, 16>(q, qs, (k, ks), n, d, (s, ss), ahead),
@@ -287,8 +289,15 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
             && p.len() >= (R - 1) * ps + n
             && (n == 0 || v.len() >= (n - 1) * vs + dv)
     );
+    const { assert!(R >= 1 && R <= 4 && matches!(V::DECODE_COLUMN_VECS[R - 1], 1 | 2 | 4 | 8)) };
     let most = const { V::DECODE_COLUMN_VECS[R - 1] };
-    let h = rotation(v, vs, dv);
+    // f32 only (`rotation` is 0 for the others): the `const` test keeps
+    // the wrapped pass out of their builds, and `h` and `W` agree.
+    let h = if const { matches!(E::DTYPE, DType::F32) } {
+        rotation(v, vs, dv)
+    } else {
+        0
+    };
     // Each pass over a range of columns prefetches its share of the next
     // tile's lines (`RowStream::part`).
     let (mut passes, mut rest) = (0, dv);
@@ -305,9 +314,7 @@ pub fn accumulate<V: Vector, E: CpuElement, const R: usize>(
         ($w:literal) => {
             while c0 + $w * LANES <= dv {
                 let (next, at) = (ahead.part(k, passes), (c0, h));
-                // (`rotation` is 0 but for f32: the wrapped variant is
-                // compiled for f32 only.)
-                if const { E::F32 } && h > 0 && c0 + $w * LANES == dv {
+                if const { matches!(E::DTYPE, DType::F32) } && h > 0 && c0 + $w * LANES == dv {
                     columns::<V, E, R, $w, true>((p, ps), (v, vs), n, dv, alpha, o, at, next);
                 } else {
                     columns::<V, E, R, $w, false>((p, ps), (v, vs), n, dv, alpha, o, at, next);

@@ -158,12 +158,12 @@ unsafe impl Vector for V16 {
     // 3, GQA 32:8 d = 128, 32768 keys, 1 thread, `perf` example): 2 keys
     // for 4 rows ran at 14.5-17.5 GFLOP/s, 1 key (8 registers, no spill)
     // at 8.9-13.7; more keys no faster.
-    const DECODE_GROUP: [usize; 4] = [8, 4, 2, 2];
+    const DECODE_GROUP: [usize; crate::decode::DECODE_ROWS] = [8, 4, 2, 2];
     // Whole 128-column rows in one pass, though 4 rows x 8 vectors of
     // accumulators spill: the pass over the tile's value rows, read from
     // L2, costs more than the spills (measured as above: 8 vectors
     // 16.9-17.5 GFLOP/s, 4 vectors 13.7-15.5, 1 vector 8.9-12.0).
-    const DECODE_COLUMN_VECS: [usize; 4] = [8; 4];
+    const DECODE_COLUMN_VECS: [usize; crate::decode::DECODE_ROWS] = [8; 4];
     #[inline(always)]
     fn splat(x: f32) -> Self {
         // SAFETY: as in `both!`.

@@ -174,10 +174,10 @@ unsafe impl Vector for V16 {
     }
     // 16 accumulators of 32 registers, at least 8 independent FMA chains
     // to cover a 4-cycle latency on two pipes.
-    const DECODE_GROUP: [usize; 4] = [16, 8, 4, 4];
+    const DECODE_GROUP: [usize; crate::decode::DECODE_ROWS] = [16, 8, 4, 4];
     // 8 or 16 accumulators: whole 128-column rows for 1-2 query rows, two
     // passes for 3-4.
-    const DECODE_COLUMN_VECS: [usize; 4] = [8, 8, 4, 4];
+    const DECODE_COLUMN_VECS: [usize; crate::decode::DECODE_ROWS] = [8, 8, 4, 4];
     #[inline(always)]
     fn splat(x: f32) -> Self {
         // SAFETY: as in `zmm!`.

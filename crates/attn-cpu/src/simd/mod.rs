@@ -84,12 +84,12 @@ pub unsafe trait Vector:
     /// constant, read in `const` blocks, so that only the chosen `G` is
     /// compiled (a run-time choice compiled all five for every level,
     /// element and `r`: a sixth of attn-cpu's build).
-    const DECODE_GROUP: [usize; 4];
+    const DECODE_GROUP: [usize; crate::decode::DECODE_ROWS];
     /// Vectors of value columns the decode path's `P V`
     /// (`microkernel::decode::accumulate`) keeps per row for `r` rows, at
     /// index `r - 1`: 1, 2, 4 or 8 (each pass over a tile's value rows
     /// reads this many vectors of each row). A constant, as above.
-    const DECODE_COLUMN_VECS: [usize; 4];
+    const DECODE_COLUMN_VECS: [usize; crate::decode::DECODE_ROWS];
     /// Keys (scores) or value columns (`P V`) per microkernel call on
     /// `nv <= KERNEL_VECS` vectors of rows: `mr(nv) x nv` accumulators fit
     /// the level's registers beside the operands.

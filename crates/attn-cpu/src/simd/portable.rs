@@ -36,9 +36,9 @@ unsafe impl Vector for V16 {
         2
     }
     // About 16 registers of accumulators, 4 per vector.
-    const DECODE_GROUP: [usize; 4] = [4, 2, 1, 1];
+    const DECODE_GROUP: [usize; crate::decode::DECODE_ROWS] = [4, 2, 1, 1];
     // As AVX2: one pass over each tile's value rows.
-    const DECODE_COLUMN_VECS: [usize; 4] = [8; 4];
+    const DECODE_COLUMN_VECS: [usize; crate::decode::DECODE_ROWS] = [8; 4];
     #[inline(always)]
     fn splat(x: f32) -> Self {
         f32x16::splat(x)
