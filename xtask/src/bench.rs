@@ -238,7 +238,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         kinds.len(),
         threads
     );
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let status = Command::new(crate::cargo())
         .current_dir(root())
         .args(["bench", "-p", "attn-benches", "--bench", "attention"])
         .env(
@@ -413,7 +413,7 @@ fn memory_case(m: &Machine) -> Option<Value> {
         "memory case {} on {} threads ...",
         MEMORY_CASE.name, m.cores
     );
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let out = Command::new(crate::cargo())
         .current_dir(root())
         .args([
             "run",

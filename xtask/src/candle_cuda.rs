@@ -65,7 +65,7 @@ pub fn lint() -> Result<(), String> {
     let mut paths = vec![dir.clone()];
     paths.extend(std::env::split_paths(&path));
     let path = std::env::join_paths(paths).map_err(|e| format!("PATH: {e}"))?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = crate::cargo();
     // A target directory of its own: the empty PTX files must never be
     // found by a real build (candle-kernels' cache does not look at nvcc).
     let st = Command::new(cargo)

@@ -52,7 +52,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if !missing.is_empty() {
         return Err(format!("aarch64 needs {}", missing.join(", ")));
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = crate::cargo();
     let st = Command::new(cargo)
         .args(["test", "-p", "attn-cpu", "--target", TARGET])
         .args(args)

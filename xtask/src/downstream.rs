@@ -41,7 +41,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     }
     let root = crate::root();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = crate::cargo();
     let inside = build_inside(&cargo, &root)?;
     let outside = build_outside(&cargo, &root)?;
     let mut best: BTreeMap<String, [f64; 2]> = BTreeMap::new();

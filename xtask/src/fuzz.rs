@@ -49,7 +49,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// rebuilt: a `cargo build` would resolve features without the
 /// dev-dependencies and rebuild the dependency tree for minutes.
 fn smoke(root: &Path, seconds: u64) -> Result<(), String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = crate::cargo();
     let out = Command::new(cargo)
         .args(["test", "--profile", "test", "--workspace", "--no-run"])
         .arg("--message-format=json")

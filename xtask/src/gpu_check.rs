@@ -207,7 +207,7 @@ if __name__ == "__main__":
 /// Runs cargo with `args` (release); returns the executables
 /// it built (test harnesses only when `tests_only`).
 fn cargo_json(args: &[&str], target_dir: &Path, tests_only: bool) -> Result<Vec<PathBuf>, String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = crate::cargo();
     let out = Command::new(cargo)
         .args(args)
         .args(["--message-format=json", "--release"])

@@ -144,8 +144,7 @@ fn test(args: &[String]) -> Result<(), String> {
         ));
     }
     let venv = cuda::setup()?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = std::process::Command::new(cargo)
+    let st = std::process::Command::new(cargo())
         .args(["test", "--workspace"])
         .args(args)
         .env("ATTN_CUDA_VENV", &venv)
@@ -165,12 +164,11 @@ fn test(args: &[String]) -> Result<(), String> {
     let others = |l: &attn_cpu::Isa| l < &best || (!l.chosen_by_default() && l.supported());
     for isa in attn_cpu::Isa::ALL.into_iter().filter(others) {
         println!("== attn-cpu conformance on SIMD level {isa} (ATTN_CPU_ISA={isa})");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         // `--workspace` keeps the features the run above resolved, so the
         // test binaries it built are reused (`-p attn-cpu` alone resolves
         // dependency features anew and rebuilds for minutes); attn-candle's
         // fused engine, which runs attn-cpu, meets the level too.
-        let st = std::process::Command::new(cargo)
+        let st = std::process::Command::new(cargo())
             .args(["test", "--workspace", "--test", "conformance"])
             .env("ATTN_CPU_ISA", isa.name())
             .current_dir(root())
@@ -194,8 +192,7 @@ fn with_bench(args: &[String]) -> Result<(), String> {
         "xtask: `{}` runs from a build with the bench feature (building it) ...",
         args[0]
     );
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = std::process::Command::new(cargo)
+    let st = std::process::Command::new(cargo())
         .args([
             "run",
             "--package",
@@ -237,6 +234,12 @@ pub fn root() -> std::path::PathBuf {
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
+}
+
+/// The cargo that runs this task: `$CARGO` (set by cargo for the
+/// programs it runs), else `cargo` on the path.
+pub fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
 /// The cargo target directory.

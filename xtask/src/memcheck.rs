@@ -45,7 +45,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if !ok {
         return Err("memcheck needs valgrind (Debian: apt-get install valgrind)".into());
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = crate::cargo();
     let out = Command::new(&cargo)
         .args([
             "test",

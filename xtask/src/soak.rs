@@ -26,7 +26,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             other => return Err(format!("soak: unknown option {other}")),
         }
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = crate::cargo();
     let start = Instant::now();
     let mut round = 0;
     while start.elapsed() < Duration::from_secs(minutes * 60) {
