@@ -11,7 +11,10 @@
 //! `MEDIAN` (also print the median and 90th percentile of the calls: far
 //! above the best, the machine was busy), `KV_ALIGN` (bytes: K and V
 //! placed so their first element sits that far past a 64-byte line; a
-//! Rust `Vec` from the allocator usually sits 16 bytes past one).
+//! Rust `Vec` from the allocator usually sits 16 bytes past one),
+//! `GAP_US` (microseconds of other work on the calling thread before each
+//! call, as an engine's projections would take: the pool's threads go
+//! idle in between).
 
 use attn::{Backend, Inputs};
 use attn_benches::machine::fma_peak_per_core;
@@ -119,11 +122,23 @@ fn main() {
         };
         let mut out = cpu.zeros(p.dtype, p.out.extent().unwrap()).unwrap();
         let mut times = Vec::new();
+        let gap: Option<f64> = std::env::var("GAP_US").ok().map(|g| {
+            g.parse()
+                .unwrap_or_else(|_| panic!("GAP_US={g}: microseconds"))
+        });
         for _ in 0..std::env::var("REPS")
             .ok()
             .and_then(|r| r.parse().ok())
             .unwrap_or(5)
         {
+            if let Some(us) = gap {
+                // Other work on this thread between calls, as in an
+                // engine: the pool's threads go idle meanwhile.
+                let t = Instant::now();
+                while t.elapsed().as_secs_f64() * 1e6 < us {
+                    std::hint::spin_loop();
+                }
+            }
             let t = Instant::now();
             cpu.forward_into(&p, inputs, &mut out, None).unwrap();
             times.push(t.elapsed().as_secs_f64());

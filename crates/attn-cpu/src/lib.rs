@@ -14,7 +14,9 @@
 //! `blocking.rs` (every tuning constant and why), `microkernel/` (register
 //! math), `exp.rs` (fast `2^x`), `softmax.rs` (online softmax state),
 //! `pack.rs` (panels in, rows out), `tiling.rs` (the loop nest of one block),
-//! `work.rs` (cutting a problem into blocks), `schedule.rs` (threads),
+//! `work.rs` (cutting a problem into blocks), `schedule.rs` (ordering and
+//! running them, writing results), `threads.rs` (the calling thread and
+//! the pool's helpers),
 //! `linear.rs` (projections through the `gemm` crate).
 
 mod backward;
@@ -33,6 +35,7 @@ mod probs;
 mod schedule;
 mod simd;
 mod softmax;
+mod threads;
 mod tiling;
 mod work;
 mod workspace;
@@ -171,6 +174,15 @@ impl Cpu {
         !self.single && self.threads() > 1 && flops >= blocking::PARALLEL_MIN_FLOPS
     }
 
+    /// Where a call's work items run: on the calling thread alone, or
+    /// with helpers from this backend's pool (`threads.rs`).
+    fn runner(&self, par: bool) -> threads::Threads<'_> {
+        match par {
+            true => threads::Threads::Pool(self.pool.as_deref(), self.threads()),
+            false => threads::Threads::One,
+        }
+    }
+
     fn install<R: Send>(&self, par: bool, f: impl FnOnce() -> R + Send) -> R {
         match (&self.pool, par) {
             (Some(p), true) => p.install(f),
@@ -188,7 +200,7 @@ fn typed<'a, T: CpuElement>(d: &'a HostData, name: &'static str) -> Result<&'a [
 }
 
 fn forward_typed<T: CpuElement>(
-    (par, isa, model): (bool, Isa, bool),
+    (threads, isa, model): (threads::Threads<'_>, Isa, bool),
     p: &Problem,
     inputs: Inputs<'_, HostData>,
     out: &mut HostData,
@@ -217,7 +229,7 @@ fn forward_typed<T: CpuElement>(
         _ => None,
     };
     let sink = schedule::Sink::new(out, lse);
-    schedule::run_all(&ctx, &sink, par, isa);
+    schedule::run_all(&ctx, &sink, threads, isa);
     Ok(())
 }
 
@@ -265,13 +277,11 @@ impl Cpu {
             (Some(HostData::Bool(m)), Some(view)) => Some((m.as_slice(), *view)),
             _ => None,
         };
-        self.install(par, || {
-            let bias = bias.zip(problem.bias.map(|d| d.view));
-            let ctx = Ctx::new(problem, (q, k, v), bias, mask)
-                .on(isa)
-                .tile_model(self.tile_model);
-            schedule::run_all(&ctx, &schedule::Sink::new(out, lse), par, isa);
-        });
+        let bias = bias.zip(problem.bias.map(|d| d.view));
+        let ctx = Ctx::new(problem, (q, k, v), bias, mask)
+            .on(isa)
+            .tile_model(self.tile_model);
+        schedule::run_all(&ctx, &schedule::Sink::new(out, lse), self.runner(par), isa);
         Ok(())
     }
 }
@@ -300,14 +310,17 @@ impl Backend for Cpu {
         lse: Option<&mut HostData>,
     ) -> Result<()> {
         check_call(self, problem, &inputs, out, lse.as_deref())?;
-        let par = self.parallel(problem.flops());
-        let run = (par, self.isa()?, self.tile_model);
-        self.install(par, || match problem.dtype {
+        let run = (
+            self.runner(self.parallel(problem.flops())),
+            self.isa()?,
+            self.tile_model,
+        );
+        match problem.dtype {
             DType::F32 => forward_typed::<f32>(run, problem, inputs, out, lse),
             DType::F16 => forward_typed::<attn_spec::f16>(run, problem, inputs, out, lse),
             DType::Bf16 => forward_typed::<attn_spec::bf16>(run, problem, inputs, out, lse),
             _ => unreachable!("refused by supports()"),
-        })
+        }
     }
 }
 

@@ -3,7 +3,8 @@
 //! Items are grouped by (batch, key/value head) and ordered by decreasing
 //! cost (visible pairs) within each group: under a causal mask the heavy
 //! last blocks start first and the light ones fill in at the end instead of
-//! straggling, rayon's work stealing balances the rest, and consecutive
+//! straggling, taking from each other's ranges balances the threads
+//! (`threads.rs`), and consecutive
 //! items of a thread read the same head's K and V, which then stay in L2/L3
 //! (ordering by cost across heads measured 5-15% slower at S = 2048-8192 on
 //! two threads: every item brought another head's K/V from DRAM). Each
@@ -17,11 +18,11 @@ use crate::element::CpuElement;
 use crate::pack::{Ahead, Hint};
 use crate::simd::{load, store, vectorize, Isa, Op, Vector};
 use crate::softmax::finish_row;
+use crate::threads::Threads;
 use crate::tiling::{run_item, Ctx};
 use crate::work::{chunks, row_blocks, split_keys, Item};
 use crate::workspace::{Lease, Workspace};
 use attn_spec::{merge_states, View};
-use rayon::prelude::*;
 use std::f32::consts::LN_2;
 
 /// Where results go: raw pointers into the output and log-sum-exp buffers,
@@ -411,26 +412,22 @@ fn run_block<V: Vector, T: CpuElement>(
     }
 }
 
-/// Maps `f` over `items` with a workspace for head dims `dims` leased per
-/// job (kept by a thread across the loop's jobs, `Lease::new`), on the
-/// current rayon pool when `par`, else in order on the calling thread.
+/// Maps `f` over `items` with a workspace for head dims `dims` leased
+/// once by each thread that takes part (`Lease::new`), on the calling
+/// thread and the helpers `threads` allows (`threads.rs`).
 fn map_items<I: Sync, R: Send>(
-    par: bool,
+    threads: Threads<'_>,
     items: &[I],
     (dk, dv): (usize, usize),
     f: impl Fn(&mut Workspace, &I) -> R + Sync + Send,
 ) -> Vec<R> {
     let call = Lease::call();
-    let init = || Lease::new(dk, dv, call);
-    if par {
-        items
-            .par_iter()
-            .map_init(init, |ws, it| f(ws, it))
-            .collect()
-    } else {
-        let mut ws = init();
-        items.iter().map(|it| f(&mut ws, it)).collect()
-    }
+    crate::threads::map(
+        threads,
+        items,
+        || Lease::new(dk, dv, call),
+        |ws, it| f(ws, it),
+    )
 }
 
 /// One unit of the main path ([`run_and_write`]) as an [`Op`], so that it
@@ -484,9 +481,9 @@ impl<T: CpuElement> Op for LockstepOp<'_, '_, T> {
 }
 
 /// Computes the whole problem into `sink` with the kernels of `isa`, on
-/// the current rayon pool when `par` (see `Cpu::parallel`), else on the
-/// calling thread.
-pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: Isa) {
+/// the calling thread and the helpers `threads` allows (see
+/// `Cpu::parallel`).
+pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, threads: Threads<'_>, isa: Isa) {
     let p = ctx.p;
     let s = p.shape;
     let (dk, dv) = (s.head_dim_qk, s.head_dim_v);
@@ -505,11 +502,11 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
     let sinks = p.options.sinks.as_deref();
     if !split_keys(p, blocks.len()) {
         let units = units(p, &blocks);
-        map_items(par, &units, (dk, dv), |ws, at| {
+        map_items(threads, &units, (dk, dv), |ws, at| {
             let unit = &blocks[at.clone()];
             // This unit's output rows, and the query rows of the unit that
-            // most likely runs next on this thread (the pool hands each
-            // thread a contiguous range of units).
+            // most likely runs next on this thread (each thread takes
+            // its units from a contiguous range, `threads.rs`).
             ws.ahead.clear();
             let out = (sink.addr(), size_of::<T>());
             let q = (ctx.q.as_ptr() as usize, size_of::<T>());
@@ -570,7 +567,7 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
                 chunks(span).into_iter().map(move |keys| (b, keys))
             })
             .collect();
-        let per_part = map_items(par, &parts, (dk, dv), |ws, (b, keys)| {
+        let per_part = map_items(threads, &parts, (dk, dv), |ws, (b, keys)| {
             let mine: Vec<(usize, &Item)> = blocks
                 .iter()
                 .enumerate()
@@ -609,7 +606,7 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, par: bool, isa: 
                     .map(move |keys| (bi, Item { keys, ..it.clone() }))
             })
             .collect();
-        map_items(par, &parts, (dk, dv), |ws, (bi, it)| {
+        map_items(threads, &parts, (dk, dv), |ws, (bi, it)| {
             let finish = vectorize(isa, BlockOp { ctx, it, ws });
             let mut o = ws.orow[..it.rows() * dv].to_vec();
             let mut l = vec![0.0f32; it.rows()];
