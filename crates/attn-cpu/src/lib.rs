@@ -129,7 +129,9 @@ impl Cpu {
         })
     }
 
-    /// A backend on exactly `threads` threads (its own pool). Results are
+    /// A backend on `threads` threads: a forward call runs on the calling
+    /// thread and up to `threads - 1` threads of its own pool (the
+    /// backward pass and the maps on the pool's `threads`). Results are
     /// bitwise identical for every thread count.
     pub fn with_threads(threads: usize) -> Result<Self> {
         if threads == 0 {

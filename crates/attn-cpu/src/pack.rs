@@ -157,11 +157,11 @@ pub fn pack_rows<V: Vector, T: CpuElement>(
 }
 
 /// Packed value rows kept across the blocks of one head, indexed by key:
-/// the blocks of a head run one after another within a rayon job (see
-/// `schedule.rs`), and each re-reads the keys its predecessor read, so
-/// when the head's packed V fits in [`PACKED_V_BYTES`] it is packed once
-/// per head and job instead of once per block (a job is a run of
-/// consecutive items on one thread; on one thread, the whole call). Only
+/// the blocks of a head run one after another on one thread (each thread
+/// takes a contiguous range of them, `threads.rs`), and each re-reads the
+/// keys its predecessor read, so when the head's packed V fits in
+/// [`PACKED_V_BYTES`] it is packed once per head and thread instead of
+/// once per block. Only
 /// keys `0..end` with `end * stride` floats within that budget are kept,
 /// so the memory stays bounded whatever the sequence length. The copies
 /// are exact, so reusing them changes no result.

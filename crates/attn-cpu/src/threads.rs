@@ -5,15 +5,20 @@
 //! call to the pool and sleeping until it is done (`ThreadPool::install`
 //! and `par_iter`). A pool thread that sleeps takes tens to hundreds of
 //! microseconds to wake on a virtual machine; with `install` the call
-//! waits for that wake-up before any work starts, again for the second
-//! pool thread, and once more for the caller's own at the end, so a call
-//! of a few hundred microseconds that follows other work (an engine's
-//! projections, say) could run no faster on two threads than on one
-//! (measured on this project's 2-core Zen 4 VM: 400 us of work split 16
-//! ways after a 200 us pause took 252 us in median through `install` and
-//! `par_iter`, 227 us here; 100 us of work 146 against 68 us). Here the
-//! helpers join when they wake, and a call they miss is done by the
-//! caller alone.
+//! waits for that wake-up before any work starts, and the second pool
+//! thread's before the second half starts, so a call of a few hundred
+//! microseconds that follows other work (an engine's projections, say)
+//! could run no faster on two threads than on one (measured on this
+//! project's 2-core Zen 4 VM: 400 us of work split 16 ways after a 200 us
+//! pause took 252 us in median through `install` and `par_iter`, 227 us
+//! here; 100 us of work 146 against 68 us). Here the helpers join when
+//! they wake and take what is left. (The scope returns only once every
+//! helper job has run, even one that found nothing left, and a caller
+//! whose helper finishes last waits to be woken: a call shorter than a
+//! wake-up still waits for one.)
+//!
+//! A call computes on its caller and up to `n - 1` pool threads, so `k`
+//! threads calling at once compute on up to `k + n - 1`.
 //!
 //! Each participant takes items from the front of a contiguous range of
 //! its own (consecutive items of one head keep that head's K and V in
@@ -122,49 +127,93 @@ pub fn map<I: Sync, S, R: Send>(
 mod tests {
     use super::*;
 
+    /// Runs `map` with items of uneven cost (every 7th sleeps, so the
+    /// others take from its range) and checks that every item ran exactly
+    /// once, the results are in item order, each participant made its
+    /// state once and at least one did; returns how many participants
+    /// made state.
+    fn check(threads: Threads<'_>, n: usize) -> usize {
+        let items: Vec<usize> = (0..n).collect();
+        let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+        let inits = AtomicUsize::new(0);
+        let out = map(
+            threads,
+            &items,
+            || inits.fetch_add(1, Ordering::Relaxed),
+            |_, &i| {
+                runs[i].fetch_add(1, Ordering::Relaxed);
+                if i % 7 == 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                }
+                i * 3
+            },
+        );
+        assert_eq!(out, (0..n).map(|i| i * 3).collect::<Vec<_>>());
+        assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
+        let most = match threads {
+            Threads::One => 1,
+            Threads::Pool(_, t) => t.min(n).max(1),
+        };
+        let made = inits.load(Ordering::Relaxed);
+        assert!(
+            (1..=most).contains(&made),
+            "{made} states for at most {most}"
+        );
+        made
+    }
+
     /// Every item runs exactly once and the results come back in item
-    /// order, whichever participant ran them and however the ranges were
-    /// taken (items of very different cost make the fast participants
-    /// take from the slow ones' ranges); each participant makes its state
-    /// once.
+    /// order, on the calling thread alone, with its own pool, rayon's
+    /// global pool, from a worker of another pool and from a worker of
+    /// the same pool; a call long enough for the helpers to wake has more
+    /// than one participant.
     #[test]
     fn every_item_runs_once_in_order() {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(3)
             .build()
             .unwrap();
-        for (threads, n) in [
-            (Threads::One, 0),
-            (Threads::One, 5),
-            (Threads::Pool(Some(&pool), 3), 0),
-            (Threads::Pool(Some(&pool), 3), 1),
-            (Threads::Pool(Some(&pool), 3), 2),
-            (Threads::Pool(Some(&pool), 3), 97),
-            (Threads::Pool(None, 4), 50),
-        ] {
-            let items: Vec<usize> = (0..n).collect();
-            let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
-            let inits = AtomicUsize::new(0);
-            let out = map(
-                threads,
-                &items,
-                || inits.fetch_add(1, Ordering::Relaxed),
-                |_, &i| {
-                    runs[i].fetch_add(1, Ordering::Relaxed);
-                    if i % 7 == 0 {
-                        std::thread::sleep(std::time::Duration::from_micros(200));
-                    }
-                    i * 3
-                },
-            );
-            assert_eq!(out, (0..n).map(|i| i * 3).collect::<Vec<_>>());
-            assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
-            let most = match threads {
-                Threads::One => 1,
-                Threads::Pool(_, t) => t,
-            };
-            assert!(inits.load(Ordering::Relaxed) <= most.max(1));
+        let other = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for n in [0, 1, 2, 5, 97] {
+            assert_eq!(check(Threads::One, n), 1);
+            check(Threads::Pool(Some(&pool), 3), n);
+            check(Threads::Pool(None, 4), n);
+            other.install(|| check(Threads::Pool(Some(&pool), 3), n));
+            pool.install(|| check(Threads::Pool(Some(&pool), 3), n));
+            other.install(|| check(Threads::Pool(None, 2), n));
         }
+        // 2100 items, 300 of them 300 us: about 90 ms of work, which the
+        // pool's threads wake for long before it ends.
+        assert!(check(Threads::Pool(Some(&pool), 3), 2100) > 1);
+    }
+
+    /// A panic in any participant reaches the caller, and the pool works
+    /// after it.
+    #[test]
+    fn a_panic_reaches_the_caller() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let items: Vec<usize> = (0..64).collect();
+        for bad in [0, 31, 63] {
+            let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                map(
+                    Threads::Pool(Some(&pool), 2),
+                    &items,
+                    || (),
+                    |_, &i| {
+                        assert_ne!(i, bad, "item {bad}");
+                        i
+                    },
+                )
+            }));
+            assert!(got.is_err(), "the panic at item {bad} was lost");
+        }
+        check(Threads::Pool(Some(&pool), 2), 40);
     }
 
     /// A participant that runs out takes the back half of the largest
@@ -184,5 +233,44 @@ mod tests {
         assert_eq!(r.next(1), Some(9));
         assert_eq!(r.next(0), None);
         assert_eq!(r.next(1), None);
+        // Of ranges of equal length (2..4 and 4..6), the first is halved.
+        let r = Ranges::new(6, 3);
+        assert_eq!(
+            (r.next(0), r.next(0), r.next(0)),
+            (Some(0), Some(1), Some(3))
+        );
+        assert_eq!((r.next(1), r.next(1)), (Some(2), Some(5)));
+    }
+
+    /// Any order of requests over 2 to 5 participants hands out every
+    /// index exactly once and then only `None` (a fixed pseudo-random
+    /// sequence of requesters per case).
+    #[test]
+    fn any_order_of_requests_hands_out_each_item_once() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for parts in 2..=5 {
+            for n in [0, 1, parts - 1, parts, 13, 100] {
+                let r = Ranges::new(n, parts);
+                let mut seen = vec![0; n];
+                let mut empty = vec![false; parts];
+                while !empty.iter().all(|&e| e) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let me = (x % parts as u64) as usize;
+                    match r.next(me) {
+                        Some(i) => {
+                            assert!(!empty[me], "{me} got {i} after None");
+                            seen[i] += 1;
+                        }
+                        None => empty[me] = true,
+                    }
+                }
+                assert!(
+                    seen.iter().all(|&c| c == 1),
+                    "{parts} parts, {n} items: {seen:?}"
+                );
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! Why query rows along the lanes (the transposed formulation): keys and
 //! values are then read as broadcast scalars from their rows (no
 //! transposition; f32 keys straight from the caller's tensor, values copied
-//! to a stride that avoids L1 set aliasing, once per head and rayon job
+//! to a stride that avoids L1 set aliasing, once per head and thread
 //! when they fit `PACKED_V_BYTES`), the query panel `Q^T` is built once per
 //! block and reused for every key tile, and the softmax's row maximum and
 //! sum are plain lane-wise vector operations with no horizontal reduction.

@@ -3,14 +3,15 @@
 //! rows, leased from a per-thread pool so that calls do not allocate (and
 //! fault in) fresh pages.
 //!
-//! rayon runs a parallel loop as jobs and calls a loop's `init` once per
-//! job, so a fresh workspace per job cost every call a few hundred
-//! kilobytes of new pages per job on every thread. A [`Lease`] takes a
+//! Each thread that takes part in a call leases one workspace for its
+//! share (`threads.rs`; when the forward pass ran as rayon jobs, each job
+//! leased anew), so a fresh workspace per call would cost a few hundred
+//! kilobytes of new pages per thread and call. A [`Lease`] takes a
 //! workspace of the right head dims from the thread's pool (or makes one),
-//! forgets what it cached for another loop (`Workspace::reset`; a job of
-//! the same loop keeps it: measured on two threads, Zen 4, `perf`
-//! example, alternating runs, S = 512, d = 64 bf16 +3%, causal +2%), and
-//! gives it back on drop. The pool keeps at most [`POOL`] workspaces per
+//! forgets what it cached for another call (`Workspace::reset`; under
+//! rayon a later job of the same loop kept it: measured on two threads,
+//! Zen 4, `perf` example, alternating runs, S = 512, d = 64 bf16 +3%,
+//! causal +2%), and gives it back on drop. The pool keeps at most [`POOL`] workspaces per
 //! thread (the most recent), for the life of the thread: at head dim 128
 //! each holds about 340 KiB of tiles plus up to `PACKED_V_BYTES` (512 KiB)
 //! of packed value rows for the f32 kernels and as much in bf16 pairs for
@@ -179,10 +180,9 @@ pub struct Lease(Option<Workspace>);
 impl Lease {
     /// A workspace for head dims `dk`, `dv` for the parallel loop `call`
     /// (a number from [`Lease::call`]): reset unless it last served the
-    /// same loop. rayon runs a loop as several jobs a thread, each leasing
-    /// anew; a job that goes on with the head the thread's previous job
-    /// ended on keeps its packed values and checked keys instead of
-    /// redoing them (one call's data: nothing outlives the loop).
+    /// same loop, whose packed values and checked keys it then keeps (one
+    /// call's data: nothing outlives the loop). `threads::map` leases once
+    /// per thread and call, so each lease of it starts reset.
     pub fn new(dk: usize, dv: usize, call: u64) -> Self {
         let found = FREE.with(|f| {
             let mut f = f.borrow_mut();
