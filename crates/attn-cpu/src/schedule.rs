@@ -421,13 +421,7 @@ fn map_items<I: Sync, R: Send>(
     (dk, dv): (usize, usize),
     f: impl Fn(&mut Workspace, &I) -> R + Sync + Send,
 ) -> Vec<R> {
-    let call = Lease::call();
-    crate::threads::map(
-        threads,
-        items,
-        || Lease::new(dk, dv, call),
-        |ws, it| f(ws, it),
-    )
+    crate::threads::map(threads, items, || Lease::new(dk, dv), |ws, it| f(ws, it))
 }
 
 /// One unit of the main path ([`run_and_write`]) as an [`Op`], so that it

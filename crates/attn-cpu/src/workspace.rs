@@ -8,10 +8,11 @@
 //! leased anew), so a fresh workspace per call would cost a few hundred
 //! kilobytes of new pages per thread and call. A [`Lease`] takes a
 //! workspace of the right head dims from the thread's pool (or makes one),
-//! forgets what it cached for another call (`Workspace::reset`; under
-//! rayon a later job of the same loop kept it: measured on two threads,
-//! Zen 4, `perf` example, alternating runs, S = 512, d = 64 bf16 +3%,
-//! causal +2%), and gives it back on drop. The pool keeps at most [`POOL`] workspaces per
+//! forgets what the last lease cached (`Workspace::reset`; within its
+//! share a thread keeps its packed values and checked keys across blocks:
+//! when rayon jobs each leased anew, keeping them across a loop's jobs
+//! measured +3% on S = 512, d = 64 bf16 and +2% causal, two threads, Zen
+//! 4), and gives it back on drop. The pool keeps at most [`POOL`] workspaces per
 //! thread (the most recent), for the life of the thread: at head dim 128
 //! each holds about 340 KiB of tiles plus up to `PACKED_V_BYTES` (512 KiB)
 //! of packed value rows for the f32 kernels and as much in bf16 pairs for
@@ -90,8 +91,6 @@ impl<T> DerefMut for Aligned<T> {
 pub struct Workspace {
     /// The head dims `(dk, dv)` it was made for.
     dims: (usize, usize),
-    /// The loop ([`Lease::new`]'s `call`) it last served.
-    call: u64,
     /// `Q^T` of the (up to 2) blocks of a pass, each `d_qk x ROWS`.
     pub qt: Aligned<f32>,
     /// Score / probability tile `S^T`, `KEYS x ROWS` (the bf16 pass keeps
@@ -137,7 +136,6 @@ impl Workspace {
     pub fn new(dk: usize, dv: usize) -> Self {
         Workspace {
             dims: (dk, dv),
-            call: 0,
             qt: Aligned::zeroed(2 * dk * ROWS),
             st: Aligned::zeroed(KEYS * ROWS),
             ot: Aligned::zeroed(2 * dv * ROWS),
@@ -178,33 +176,20 @@ thread_local! {
 pub struct Lease(Option<Workspace>);
 
 impl Lease {
-    /// A workspace for head dims `dk`, `dv` for the parallel loop `call`
-    /// (a number from [`Lease::call`]): reset unless it last served the
-    /// same loop, whose packed values and checked keys it then keeps (one
-    /// call's data: nothing outlives the loop). `threads::map` leases once
-    /// per thread and call, so each lease of it starts reset.
-    pub fn new(dk: usize, dv: usize, call: u64) -> Self {
+    /// A workspace for head dims `dk`, `dv`, its buffers reused from the
+    /// thread's pool where one of those dims is there, with nothing kept
+    /// of what an earlier lease cached (packed values and checked keys
+    /// are one call's data). `threads::map` leases once per thread and
+    /// call.
+    pub fn new(dk: usize, dv: usize) -> Self {
         let found = FREE.with(|f| {
             let mut f = f.borrow_mut();
-            let at = f
-                .iter()
-                .position(|w| w.dims == (dk, dv) && w.call == call)
-                .or_else(|| f.iter().position(|w| w.dims == (dk, dv)))?;
+            let at = f.iter().position(|w| w.dims == (dk, dv))?;
             Some(f.swap_remove(at))
         });
         let mut ws = found.unwrap_or_else(|| Workspace::new(dk, dv));
-        if ws.call != call {
-            ws.reset();
-            ws.call = call;
-        }
+        ws.reset();
         Lease(Some(ws))
-    }
-
-    /// A number no earlier loop had (0 is never given out), for
-    /// [`Lease::new`].
-    pub fn call() -> u64 {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -245,29 +230,21 @@ impl DerefMut for Lease {
 mod tests {
     use super::{Aligned, Lease};
 
-    /// A lease for the loop a workspace last served keeps what it cached;
-    /// one for any other loop finds it forgotten.
+    /// A lease reuses the buffers the thread's last lease of the same
+    /// dims gave back, but finds what that lease cached forgotten.
     #[test]
-    fn leases_keep_caches_within_a_loop_only() {
-        let (a, b) = (Lease::call(), Lease::call());
-        assert_ne!(a, b);
+    fn leases_reuse_buffers_but_not_caches() {
         let (g, keys) = ((0, 1), 0..128);
-        {
-            let mut ws = Lease::new(24, 40, a);
+        let first = {
+            let mut ws = Lease::new(24, 40);
             assert!(!ws.checked.covers(g, &keys));
             ws.checked.add(g, keys.clone());
             ws.head = Some(g);
-        }
-        {
-            let ws = Lease::new(24, 40, a);
-            assert!(ws.checked.covers(g, &keys) && ws.head == Some(g));
-        }
-        let ws = Lease::new(24, 40, b);
+            ws.qt.as_ptr()
+        };
+        let ws = Lease::new(24, 40);
+        assert_eq!(ws.qt.as_ptr(), first, "the pooled workspace");
         assert!(!ws.checked.covers(g, &keys) && ws.head.is_none());
-        drop(ws);
-        // Back to the first loop: its data went with the reset.
-        let ws = Lease::new(24, 40, a);
-        assert!(!ws.checked.covers(g, &keys));
     }
 
     #[test]
