@@ -13,8 +13,8 @@
 //! placed so their first element sits that far past a 64-byte line; a
 //! Rust `Vec` from the allocator usually sits 16 bytes past one),
 //! `GAP_US` (microseconds of other work on the calling thread before each
-//! call, as an engine's projections would take: the pool's threads go
-//! idle in between).
+//! call, forward and backward, as an engine's projections would take: the
+//! pool's threads go idle in between).
 
 use attn::{Backend, Inputs};
 use attn_benches::machine::fma_peak_per_core;
@@ -126,19 +126,22 @@ fn main() {
             g.parse()
                 .unwrap_or_else(|_| panic!("GAP_US={g}: microseconds"))
         });
-        for _ in 0..std::env::var("REPS")
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(5)
-        {
+        // Other work on this thread between calls, as in an engine: the
+        // pool's threads go idle meanwhile.
+        let other_work = || {
             if let Some(us) = gap {
-                // Other work on this thread between calls, as in an
-                // engine: the pool's threads go idle meanwhile.
                 let t = Instant::now();
                 while t.elapsed().as_secs_f64() * 1e6 < us {
                     std::hint::spin_loop();
                 }
             }
+        };
+        for _ in 0..std::env::var("REPS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(5)
+        {
+            other_work();
             let t = Instant::now();
             cpu.forward_into(&p, inputs, &mut out, None).unwrap();
             times.push(t.elapsed().as_secs_f64());
@@ -169,16 +172,27 @@ fn main() {
                 lse: fwd.lse.as_ref(),
                 d_out: &d_out,
             };
-            let mut bbest = f64::MAX;
+            let mut btimes = Vec::new();
             for _ in 0..std::env::var("REPS")
                 .ok()
                 .and_then(|r| r.parse().ok())
                 .unwrap_or(5)
             {
+                other_work();
                 let t = Instant::now();
                 cpu.backward(&p, inputs, g_in, GradRequest::default())
                     .unwrap();
-                bbest = bbest.min(t.elapsed().as_secs_f64());
+                btimes.push(t.elapsed().as_secs_f64());
+            }
+            btimes.sort_by(f64::total_cmp);
+            let bbest = btimes[0];
+            if std::env::var_os("MEDIAN").is_some() {
+                println!(
+                    "{:32} median {:.3} ms, 90th percentile {:.3} ms",
+                    format!("{} bwd", case.name),
+                    btimes[btimes.len() / 2] * 1e3,
+                    btimes[btimes.len() * 9 / 10] * 1e3
+                );
             }
             let gf = 2.5 * case.flops() / bbest / 1e9;
             println!(
