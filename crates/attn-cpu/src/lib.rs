@@ -129,9 +129,9 @@ impl Cpu {
         })
     }
 
-    /// A backend on `threads` threads: a forward call runs on the calling
-    /// thread and up to `threads - 1` threads of its own pool (the
-    /// backward pass and the maps on the pool's `threads`). Results are
+    /// A backend on `threads` threads: a forward call (and a maps call)
+    /// runs on the calling thread and up to `threads - 1` threads of its
+    /// own pool (the backward pass on the pool's `threads`). Results are
     /// bitwise identical for every thread count.
     pub fn with_threads(threads: usize) -> Result<Self> {
         if threads == 0 {
@@ -185,6 +185,8 @@ impl Cpu {
         }
     }
 
+    /// Runs `f` inside this backend's pool when `par`: for `linear`,
+    /// whose GEMM crate runs its threads on rayon's current pool.
     fn install<R: Send>(&self, par: bool, f: impl FnOnce() -> R + Send) -> R {
         match (&self.pool, par) {
             (Some(p), true) => p.install(f),

@@ -16,11 +16,11 @@ use crate::blocking::{BWD_KEYS_BANDED, BWD_ROWS, LANES};
 use crate::element::CpuElement;
 use crate::probs::{score_probs, Scores, Tile};
 use crate::simd::{vectorize, Isa, Op, Vector};
+use crate::threads::{self, Threads};
 use crate::{typed, Cpu};
 use attn_spec::{
     check_maps_call, AttentionMaps, DType, HostData, Inputs, MapLayout, Problem, Result, TileClass,
 };
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// Rows of a unit (a multiple of every level's `mr(1)`: 12, 6, 2).
@@ -188,7 +188,7 @@ impl<T: CpuElement> Op for UnitOp<'_, '_, T> {
 }
 
 fn maps_typed<T: CpuElement>(
-    (par, isa): (bool, Isa),
+    (threads, isa): (Threads<'_>, Isa),
     p: &Problem,
     inputs: Inputs<'_, HostData>,
     lse: &[f32],
@@ -234,23 +234,14 @@ fn maps_typed<T: CpuElement>(
             },
         )
     };
-    if par {
-        out.par_chunks_mut(nr * kl)
+    // One item per block of rows of one plane.
+    let items = out.chunks_mut(nr * kl).enumerate().flat_map(|(pl, plane)| {
+        plane
+            .chunks_mut(MAP_ROWS * kl)
             .enumerate()
-            .for_each(|(pl, plane)| {
-                plane
-                    .par_chunks_mut(MAP_ROWS * kl)
-                    .enumerate()
-                    .for_each(|x| run(pl, x))
-            });
-    } else {
-        for (pl, plane) in out.chunks_mut(nr * kl).enumerate() {
-            plane
-                .chunks_mut(MAP_ROWS * kl)
-                .enumerate()
-                .for_each(|x| run(pl, x));
-        }
-    }
+            .map(move |x| (pl, x))
+    });
+    threads::each(threads, items, |(pl, x)| run(pl, x));
     Ok(())
 }
 
@@ -267,17 +258,16 @@ impl AttentionMaps for Cpu {
         let s = problem.shape;
         let [nb, _, nr, kl] = layout.dims();
         let flops = 2.0 * (nb * layout.heads.len() * nr * kl * s.head_dim_qk) as f64;
-        let par = self.parallel(flops);
-        let run = (par, self.isa()?);
+        let run = (self.runner(self.parallel(flops)), self.isa()?);
         let lse = typed::<f32>(lse, "lse")?;
         let HostData::F32(out) = maps else {
             unreachable!("check_maps_call checked the type")
         };
-        self.install(par, || match problem.dtype {
+        match problem.dtype {
             DType::F32 => maps_typed::<f32>(run, problem, inputs, lse, layout, out),
             DType::F16 => maps_typed::<attn_spec::f16>(run, problem, inputs, lse, layout, out),
             DType::Bf16 => maps_typed::<attn_spec::bf16>(run, problem, inputs, lse, layout, out),
             _ => unreachable!("refused by supports()"),
-        })
+        }
     }
 }

@@ -12,10 +12,11 @@
 //! project's 2-core Zen 4 VM: 400 us of work split 16 ways after a 200 us
 //! pause took 252 us in median through `install` and `par_iter`, 227 us
 //! here; 100 us of work 146 against 68 us). Here the helpers join when
-//! they wake and take what is left. (The scope returns only once every
-//! helper job has run, even one that found nothing left, and a caller
-//! whose helper finishes last waits to be woken: a call shorter than a
-//! wake-up still waits for one.)
+//! they wake and take what is left. The call ends once the caller's share
+//! is done and no helper is inside it: a helper that wakes after that
+//! finds the call closed and leaves, so a call shorter than a wake-up
+//! does not wait for one (a caller whose last helper finishes after it
+//! still waits to be woken).
 //!
 //! A call computes on its caller and up to `n - 1` pool threads, so `k`
 //! threads calling at once compute on up to `k + n - 1`.
@@ -26,9 +27,10 @@
 //! that runs out takes the back half of the largest range left. Which
 //! participant runs an item never changes its result.
 
+use std::any::Any;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// How a call runs its items.
 #[derive(Clone, Copy)]
@@ -95,27 +97,51 @@ pub fn map<I: Sync, S, R: Send>(
     }
     let ranges = Ranges::new(items.len(), n);
     let done: Mutex<Vec<(usize, R)>> = Mutex::new(Vec::with_capacity(items.len()));
-    // Helpers number themselves 1, 2, ... in the order they start.
-    let joined = AtomicUsize::new(1);
+    // Set when a participant panics: the others start no further item,
+    // so the panic reaches the caller after the items in flight, not
+    // after the whole call's work.
+    let stop = AtomicBool::new(false);
     let work = |me: usize| {
+        let _stop = StopOnPanic(&stop);
         let mut mine = Vec::new();
         let mut state = None;
-        while let Some(i) = ranges.next(me) {
+        while !stop.load(Ordering::Relaxed) {
+            let Some(i) = ranges.next(me) else { break };
             let state = state.get_or_insert_with(&init);
             mine.push((i, f(state, &items[i])));
         }
         done.lock().unwrap_or_else(|e| e.into_inner()).extend(mine);
     };
-    let helper = |_: &rayon::Scope<'_>| work(joined.fetch_add(1, Ordering::Relaxed));
-    match threads {
-        Threads::Pool(Some(pool), _) => pool.in_place_scope(|s| {
-            (1..n).for_each(|_| s.spawn(helper));
-            work(0);
-        }),
-        _ => rayon::in_place_scope(|s| {
-            (1..n).for_each(|_| s.spawn(helper));
-            work(0);
-        }),
+    let pool = match threads {
+        Threads::Pool(pool, _) => pool,
+        Threads::One => None,
+    };
+    let call = Arc::new(Call::default());
+    {
+        // Closes the call when the caller's share is done (or panicked):
+        // waits for the helpers inside, turns away any that start later.
+        let _close = Close(&call);
+        let work: &(dyn Fn(usize) + Sync) = &work;
+        // SAFETY: only the lifetime changes. A helper calls `work` only
+        // after `Call::enter` found the call open, and before its
+        // `Call::leave`; `_close` (dropped before `work` and everything it
+        // borrows, on return and on unwind alike) closes the call and
+        // waits until no helper is inside, so no call outlives the borrow.
+        let work: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(work) };
+        for _ in 1..n {
+            let job = Helper {
+                call: Arc::clone(&call),
+                work: Work(work),
+            };
+            match pool {
+                Some(pool) => pool.spawn(move || job.run()),
+                None => rayon::spawn(move || job.run()),
+            }
+        }
+        work(0);
+    }
+    if let Some(panic) = call.lock().panic.take() {
+        std::panic::resume_unwind(panic);
     }
     let mut done = done.into_inner().unwrap_or_else(|e| e.into_inner());
     assert_eq!(done.len(), items.len(), "every item ran once");
@@ -123,9 +149,116 @@ pub fn map<I: Sync, S, R: Send>(
     done.into_iter().map(|(_, r)| r).collect()
 }
 
+/// `f(item)` for every item, each taken by value (a disjoint `&mut`
+/// piece of an output, say), on `threads` as [`map`] runs them.
+pub fn each<I: Send>(
+    threads: Threads<'_>,
+    items: impl IntoIterator<Item = I>,
+    f: impl Fn(I) + Sync,
+) {
+    if let Threads::One = threads {
+        return items.into_iter().for_each(f);
+    }
+    let cells: Vec<Mutex<Option<I>>> = items.into_iter().map(|i| Mutex::new(Some(i))).collect();
+    map(
+        threads,
+        &cells,
+        || (),
+        |_, cell| {
+            let item = cell.lock().unwrap_or_else(|e| e.into_inner()).take();
+            f(item.expect("map runs each item once"))
+        },
+    );
+}
+
+/// What a call's caller and helpers share: whether the call still takes
+/// helpers, how many are inside it, and the first helper's panic.
+#[derive(Default)]
+struct Call {
+    state: Mutex<CallState>,
+    left: Condvar,
+}
+
+#[derive(Default)]
+struct CallState {
+    closed: bool,
+    inside: usize,
+    joined: usize,
+    panic: Option<Box<dyn Any + Send>>,
+}
+
+impl Call {
+    fn lock(&self) -> MutexGuard<'_, CallState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The call's shared work closure, its lifetime erased so that a pool job
+/// (which must be `'static`) can hold it; see the `SAFETY` note in [`map`].
+#[derive(Clone, Copy)]
+struct Work(&'static (dyn Fn(usize) + Sync));
+
+/// One helper's job on the pool.
+struct Helper {
+    call: Arc<Call>,
+    work: Work,
+}
+
+impl Helper {
+    /// Joins the call if it is still open (helpers number themselves 1,
+    /// 2, ... in the order they join), runs its share, and leaves; a
+    /// panic is kept for the caller, as the pool would abort on it.
+    fn run(self) {
+        let me = {
+            let mut st = self.call.lock();
+            if st.closed {
+                return;
+            }
+            st.inside += 1;
+            st.joined += 1;
+            st.joined
+        };
+        let Work(work) = self.work;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(me)));
+        let mut st = self.call.lock();
+        st.inside -= 1;
+        if let Err(panic) = result {
+            st.panic.get_or_insert(panic);
+        }
+        if st.inside == 0 {
+            self.call.left.notify_all();
+        }
+    }
+}
+
+/// Closes its call when dropped and waits until no helper is inside.
+struct Close<'a>(&'a Call);
+
+impl Drop for Close<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.closed = true;
+        while st.inside > 0 {
+            st = self.0.left.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Sets its flag when dropped by a panic.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
 
     /// Runs `map` with items of uneven cost (every 7th sleeps, so the
     /// others take from its range) and checks that every item ran exactly
@@ -190,6 +323,28 @@ mod tests {
         assert!(check(Threads::Pool(Some(&pool), 3), 2100) > 1);
     }
 
+    /// A call does not wait for a helper that has not started: with the
+    /// pool's only thread held by another job, the caller runs every item
+    /// and returns; the late helper job then finds the call closed.
+    #[test]
+    fn a_call_does_not_wait_for_helpers_that_never_start() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        pool.spawn(move || held.recv().unwrap());
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| done.send(check(Threads::Pool(Some(&pool), 2), 50)).unwrap());
+            let got = finished.recv_timeout(std::time::Duration::from_secs(20));
+            release.send(()).unwrap();
+            assert_eq!(got, Ok(1), "the caller waited for the held pool");
+        });
+        // The pool, released, still serves calls.
+        check(Threads::Pool(Some(&pool), 2), 50);
+    }
+
     /// A panic in any participant reaches the caller, and the pool works
     /// after it.
     #[test]
@@ -214,6 +369,58 @@ mod tests {
             assert!(got.is_err(), "the panic at item {bad} was lost");
         }
         check(Threads::Pool(Some(&pool), 2), 40);
+    }
+
+    /// After a panic the other participants start no further item: with
+    /// items of 10 ms and the first one panicking at once, the call ends
+    /// after the items in flight, not after 630 ms of the helper's work.
+    /// (The flag is set as the panic unwinds, after the panic hook, which
+    /// with `RUST_BACKTRACE` set takes tens of milliseconds to print the
+    /// trace while the helper goes on: hence items of 10 ms and a bound
+    /// far above one or two; without the flag all 64 run.)
+    #[test]
+    fn a_panic_stops_the_others() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let items: Vec<usize> = (0..64).collect();
+        let ran = AtomicUsize::new(0);
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            map(
+                Threads::Pool(Some(&pool), 2),
+                &items,
+                || (),
+                |_, &i| {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                    assert_ne!(i, 0, "the first item");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                },
+            )
+        }));
+        assert!(got.is_err(), "the panic was lost");
+        let ran = ran.load(Ordering::Relaxed);
+        assert!(ran < 40, "{ran} of 64 items ran after the first panicked");
+    }
+
+    /// `each` hands every item to `f` once, by value: here disjoint
+    /// pieces of one output, each written with its index.
+    #[test]
+    fn each_runs_every_item_once() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        for threads in [Threads::One, Threads::Pool(Some(&pool), 3)] {
+            for n in [0, 1, 7, 301] {
+                let mut out = vec![0usize; n];
+                each(threads, out.chunks_mut(4).enumerate(), |(c, piece)| {
+                    piece.iter_mut().for_each(|x| *x += c + 1);
+                });
+                let want: Vec<usize> = (0..n).map(|i| i / 4 + 1).collect();
+                assert_eq!(out, want, "{n} items");
+            }
+        }
     }
 
     /// A participant that runs out takes the back half of the largest
