@@ -10,9 +10,11 @@
 
 use attn::{Backend, Engine, EngineKind, Inputs};
 use attn_benches::candle_backends::CandleKind;
-use attn_benches::{backward_inputs, bench_id, has_backward, BenchEnv, CPU_BACKWARD, SUITE};
+use attn_benches::{
+    backward_inputs, bench_id, has_backward, BenchCase, BenchEnv, CPU_BACKWARD, SUITE,
+};
 use attn_spec::{Backward, GradInputs, GradOutputs};
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Bencher, Criterion};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -92,7 +94,7 @@ fn attention(c: &mut Criterion) {
                     .zeros(problem.dtype, problem.out.extent().expect("valid"))
                     .expect("alloc");
                 c.bench_function(&bench_id(&engine.name(), case, threads), |b| {
-                    b.iter(|| {
+                    time_calls(b, case, || {
                         engine
                             .forward_into(
                                 black_box(&problem),
@@ -108,6 +110,24 @@ fn attention(c: &mut Criterion) {
     }
     backward(c, &env, &mut progress);
     candle(c, &env, &mut progress);
+}
+
+/// Times `call` for criterion: back to back, or with the case's other
+/// work ([`BenchCase::gap_us`]) before each call, its time left out.
+fn time_calls<R>(b: &mut Bencher<'_>, case: &BenchCase, mut call: impl FnMut() -> R) {
+    if case.gap_us == 0 {
+        return b.iter(call);
+    }
+    b.iter_custom(|iters| {
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            case.other_work();
+            let t = Instant::now();
+            black_box(call());
+            total += t.elapsed();
+        }
+        total
+    });
 }
 
 /// The progress line before each timed case: its number, the time so far
@@ -166,7 +186,7 @@ fn backward(c: &mut Criterion, env: &BenchEnv, progress: &mut Progress) {
             let (mut dq, mut dk, mut dv) = (z(&p.q), z(&p.k), z(&p.v));
             let [q, k, v] = &data;
             c.bench_function(&bench_id(CPU_BACKWARD, case, threads), |b| {
-                b.iter(|| {
+                time_calls(b, case, || {
                     cpu.backward_into(
                         black_box(&p),
                         Inputs::new(q, k, v),
@@ -219,17 +239,26 @@ fn candle(c: &mut Criterion, env: &BenchEnv, progress: &mut Progress) {
                 // The timed loop runs inside the pool, one hand-off per
                 // batch of calls: a hand-off into a rayon pool took 10-17
                 // us here (Zen 4), as long as a whole tiny case. (The cpu
-                // engine's rows pay one per call where a problem runs
-                // parallel, as a caller of `Cpu` does; none where it runs
-                // on the calling thread.)
+                // engine's rows call from the bench's own thread, outside
+                // the backend's pool, as a caller of `Cpu` does.)
                 c.bench_function(&bench_id(kind.name(), case, threads), |b| {
                     b.iter_custom(|iters| {
                         pool.install(|| {
-                            let t = Instant::now();
-                            for _ in 0..iters {
-                                run(false).expect("run");
+                            if case.gap_us == 0 {
+                                let t = Instant::now();
+                                for _ in 0..iters {
+                                    run(false).expect("run");
+                                }
+                                return t.elapsed();
                             }
-                            t.elapsed()
+                            let mut total = Duration::ZERO;
+                            for _ in 0..iters {
+                                case.other_work();
+                                let t = Instant::now();
+                                run(false).expect("run");
+                                total += t.elapsed();
+                            }
+                            total
                         })
                     })
                 });

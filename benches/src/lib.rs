@@ -32,6 +32,11 @@ pub struct BenchCase {
     pub small: bool,
     /// The smallest run of `cargo xtask bench` that times it.
     pub tier: Tier,
+    /// Microseconds of busy work on the calling thread before each timed
+    /// call (not counted in its time), as an engine's projections come
+    /// between its decode steps: the pools' threads go idle meanwhile.
+    /// 0: calls back to back.
+    pub gap_us: u32,
 }
 
 /// Which runs of `cargo xtask bench` time a case: `--quick` the `Quick`
@@ -68,7 +73,13 @@ const fn case(
         dtype,
         small,
         tier,
+        gap_us: 0,
     }
+}
+
+/// `c` with `us` microseconds of other work before each call.
+const fn after_work(c: BenchCase, us: u32) -> BenchCase {
+    BenchCase { gap_us: us, ..c }
 }
 
 const NONE: MaskKind = MaskKind::None;
@@ -269,6 +280,18 @@ pub const SUITE: &[BenchCase] = &[
         false,
         STD,
     ),
+    after_work(
+        case(
+            "decode/gqa32:8-kv1024-d128-gap300us",
+            (1, 32, 8),
+            (1, 1024, 128),
+            CAUSAL,
+            F32,
+            false,
+            STD,
+        ),
+        300,
+    ),
     case(
         "decode/gqa32:8-kv16384-d128",
         (1, 32, 8),
@@ -368,6 +391,15 @@ impl BenchCase {
     /// Whether this is a decoding case (reported in GB/s too).
     pub fn is_decode(&self) -> bool {
         self.q_len == 1
+    }
+
+    /// Spins for [`BenchCase::gap_us`] microseconds on the calling thread
+    /// (nothing when 0): the other work before a timed call.
+    pub fn other_work(&self) {
+        let t = std::time::Instant::now();
+        while t.elapsed().as_secs_f64() * 1e6 < f64::from(self.gap_us) {
+            std::hint::spin_loop();
+        }
     }
 
     /// A file- and id-safe form of the name.

@@ -366,6 +366,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             notes.push(format!("ONNX Runtime baseline skipped: {why}"));
         }
     }
+    for c in cases.iter().filter(|c| c.gap_us > 0) {
+        notes.push(format!(
+            "{}: {} us of busy work on the calling thread before each timed call, left out of its time (every backend, baselines included), as an engine's projections come between decode steps: the thread pools' threads go idle between calls",
+            c.name, c.gap_us
+        ));
+    }
     notes.push("candle: `candle-attn` is attn's fused kernel on candle tensors (attn-candle), `candle-plain` the plain candle composition (matmul, scale, mask, softmax, matmul; only where the score matrix fits in 256 MiB), `candle-nn-flash` candle-nn 0.11's fused CPU attention (`candle_nn::attention::flash_attn`; windows as an additive mask, batch 1 only)".into());
 
     // 4. The long-context memory case (full runs only).

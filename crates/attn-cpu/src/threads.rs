@@ -121,17 +121,27 @@ pub fn map<I: Sync, S, R: Send>(
         // Closes the call when the caller's share is done (or panicked):
         // waits for the helpers inside, turns away any that start later.
         let _close = Close(&call);
-        let work: &(dyn Fn(usize) + Sync) = &work;
-        // SAFETY: only the lifetime changes. A helper calls `work` only
-        // after `Call::enter` found the call open, and before its
-        // `Call::leave`; `_close` (dropped before `work` and everything it
-        // borrows, on return and on unwind alike) closes the call and
-        // waits until no helper is inside, so no call outlives the borrow.
-        let work: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(work) };
+        let erased: *const (dyn Fn(usize) + Sync + '_) = &work;
+        // SAFETY: only the lifetime is erased, and the pointer is never
+        // dereferenced outside it: a helper dereferences it only after it
+        // saw the call open and entered it (`inside += 1` under
+        // `call.state`), and only until it leaves (`inside -= 1`, after
+        // `work` returned or unwound into `catch_unwind`). `_close`,
+        // declared in this block, drops before `work` and everything it
+        // borrows, on return and on unwind alike; it closes the call and
+        // waits for `inside == 0` under the same lock, so afterwards no
+        // helper is in `work` and none can enter. Late jobs hold the raw
+        // pointer but never dereference it.
+        let erased = Work(unsafe {
+            std::mem::transmute::<
+                *const (dyn Fn(usize) + Sync + '_),
+                *const (dyn Fn(usize) + Sync + 'static),
+            >(erased)
+        });
         for _ in 1..n {
             let job = Helper {
                 call: Arc::clone(&call),
-                work: Work(work),
+                work: erased,
             };
             match pool {
                 Some(pool) => pool.spawn(move || job.run()),
@@ -194,9 +204,14 @@ impl Call {
 }
 
 /// The call's shared work closure, its lifetime erased so that a pool job
-/// (which must be `'static`) can hold it; see the `SAFETY` note in [`map`].
+/// (which must be `'static`) can hold it: a raw pointer, dereferenced only
+/// while the call is open (see the `SAFETY` note in [`map`]).
 #[derive(Clone, Copy)]
-struct Work(&'static (dyn Fn(usize) + Sync));
+struct Work(*const (dyn Fn(usize) + Sync + 'static));
+
+// SAFETY: the closure behind the pointer is `Sync`, so calling it from
+// another thread is sound; when it may be called is `map`'s invariant.
+unsafe impl Send for Work {}
 
 /// One helper's job on the pool.
 struct Helper {
@@ -218,8 +233,12 @@ impl Helper {
             st.joined += 1;
             st.joined
         };
-        let Work(work) = self.work;
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(me)));
+        let work = self.work.0;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: this helper entered the open call above and leaves it
+            // only below, so `map`'s frame, which owns the closure, waits.
+            unsafe { (*work)(me) }
+        }));
         let mut st = self.call.lock();
         st.inside -= 1;
         if let Err(panic) = result {
@@ -336,10 +355,15 @@ mod tests {
         pool.spawn(move || held.recv().unwrap());
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::scope(|s| {
-            s.spawn(|| done.send(check(Threads::Pool(Some(&pool), 2), 50)).unwrap());
+            s.spawn(|| {
+                let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    check(Threads::Pool(Some(&pool), 2), 50)
+                }));
+                done.send(made.map_err(|_| "check failed")).unwrap()
+            });
             let got = finished.recv_timeout(std::time::Duration::from_secs(20));
             release.send(()).unwrap();
-            assert_eq!(got, Ok(1), "the caller waited for the held pool");
+            assert_eq!(got, Ok(Ok(1)), "the caller waited for the held pool");
         });
         // The pool, released, still serves calls.
         check(Threads::Pool(Some(&pool), 2), 50);
@@ -372,12 +396,13 @@ mod tests {
     }
 
     /// After a panic the other participants start no further item: with
-    /// items of 10 ms and the first one panicking at once, the call ends
-    /// after the items in flight, not after 630 ms of the helper's work.
+    /// items of 50 ms and the first one panicking at once, the call ends
+    /// after the items in flight, not after 3 s of the helper's work.
     /// (The flag is set as the panic unwinds, after the panic hook, which
     /// with `RUST_BACKTRACE` set takes tens of milliseconds to print the
-    /// trace while the helper goes on: hence items of 10 ms and a bound
-    /// far above one or two; without the flag all 64 run.)
+    /// trace, more on a loaded machine, while the helper goes on: hence
+    /// long items and a bound far above one or two, which allows the hook
+    /// almost 2 s; without the flag all 64 run.)
     #[test]
     fn a_panic_stops_the_others() {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -394,7 +419,7 @@ mod tests {
                 |_, &i| {
                     ran.fetch_add(1, Ordering::Relaxed);
                     assert_ne!(i, 0, "the first item");
-                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    std::thread::sleep(std::time::Duration::from_millis(50));
                 },
             )
         }));
