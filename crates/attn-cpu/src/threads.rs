@@ -395,14 +395,11 @@ mod tests {
         check(Threads::Pool(Some(&pool), 2), 40);
     }
 
-    /// After a panic the other participants start no further item: with
-    /// items of 50 ms and the first one panicking at once, the call ends
-    /// after the items in flight, not after 3 s of the helper's work.
-    /// (The flag is set as the panic unwinds, after the panic hook, which
-    /// with `RUST_BACKTRACE` set takes tens of milliseconds to print the
-    /// trace, more on a loaded machine, while the helper goes on: hence
-    /// long items and a bound far above one or two, which allows the hook
-    /// almost 2 s; without the flag all 64 run.)
+    /// After a panic the other participants start no further item. The
+    /// first item panics; every other item waits until that panic has
+    /// begun to unwind (past the panic hook, however long it takes), then
+    /// 20 ms more, by when the runner's flag is set: the helper finishes
+    /// the item it holds and stops. Without the flag all 64 run.
     #[test]
     fn a_panic_stops_the_others() {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -411,6 +408,7 @@ mod tests {
             .unwrap();
         let items: Vec<usize> = (0..64).collect();
         let ran = AtomicUsize::new(0);
+        let unwinding = AtomicBool::new(false);
         let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             map(
                 Threads::Pool(Some(&pool), 2),
@@ -418,14 +416,20 @@ mod tests {
                 || (),
                 |_, &i| {
                     ran.fetch_add(1, Ordering::Relaxed);
-                    assert_ne!(i, 0, "the first item");
-                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    if i == 0 {
+                        let _unwinding = StopOnPanic(&unwinding);
+                        panic!("the first item");
+                    }
+                    while !unwinding.load(Ordering::Relaxed) {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
                 },
             )
         }));
         assert!(got.is_err(), "the panic was lost");
         let ran = ran.load(Ordering::Relaxed);
-        assert!(ran < 40, "{ran} of 64 items ran after the first panicked");
+        assert!(ran < 8, "{ran} of 64 items ran after the first panicked");
     }
 
     /// `each` hands every item to `f` once, by value: here disjoint
