@@ -154,8 +154,9 @@ pub const PAIR_MIN_BLOCKS: usize = 2 * MIN_WORK_ITEMS;
 
 /// Problems with fewer FLOPs than this run on the calling thread: waking
 /// the pool costs 10-20 us here, about what 8 MFLOP take on one core.
-/// (Even with the caller working from the start, the wake-up is paid on
-/// the calling thread: 2e6 measured 15-25 us slower per call than 8e6 on
+/// (Even with the caller working from the start, a call that wakes the
+/// pool pays for it, likely in the wake-up's system call on the calling
+/// thread: 2e6 measured 15-25 us slower per call than 8e6 on
 /// decodes of 2-4 MFLOP after other work, though 0-40 us faster back to
 /// back; Zen 4 VM, 2 threads, s28.)
 pub const PARALLEL_MIN_FLOPS: f64 = 8e6;
