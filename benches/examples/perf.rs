@@ -121,7 +121,6 @@ fn main() {
             ..Inputs::new(&q, &k, &v)
         };
         let mut out = cpu.zeros(p.dtype, p.out.extent().unwrap()).unwrap();
-        let mut times = Vec::new();
         let gap: Option<f64> = std::env::var("GAP_US").ok().map(|g| {
             g.parse()
                 .unwrap_or_else(|_| panic!("GAP_US={g}: microseconds"))
@@ -136,26 +135,34 @@ fn main() {
                 }
             }
         };
-        for _ in 0..std::env::var("REPS")
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(5)
-        {
-            other_work();
-            let t = Instant::now();
-            cpu.forward_into(&p, inputs, &mut out, None).unwrap();
-            times.push(t.elapsed().as_secs_f64());
-        }
-        times.sort_by(f64::total_cmp);
-        let best = times[0];
-        if std::env::var_os("MEDIAN").is_some() {
-            println!(
-                "{:32} median {:.3} ms, 90th percentile {:.3} ms",
-                case.name,
-                times[times.len() / 2] * 1e3,
-                times[times.len() * 9 / 10] * 1e3
-            );
-        }
+        // `REPS` calls, each after the other work; their times sorted, the
+        // median printed when asked.
+        let time_calls = |name: &str, call: &mut dyn FnMut()| {
+            let reps = std::env::var("REPS")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(5);
+            let mut times: Vec<f64> = (0..reps)
+                .map(|_| {
+                    other_work();
+                    let t = Instant::now();
+                    call();
+                    t.elapsed().as_secs_f64()
+                })
+                .collect();
+            times.sort_by(f64::total_cmp);
+            if std::env::var_os("MEDIAN").is_some() {
+                println!(
+                    "{name:32} median {:.3} ms, 90th percentile {:.3} ms",
+                    times[times.len() / 2] * 1e3,
+                    times[times.len() * 9 / 10] * 1e3
+                );
+            }
+            times
+        };
+        let best = time_calls(case.name, &mut || {
+            cpu.forward_into(&p, inputs, &mut out, None).unwrap()
+        })[0];
         if std::env::var_os("BWD").is_some() {
             let mut p = p.clone();
             p.options.return_lse = true;
@@ -172,28 +179,10 @@ fn main() {
                 lse: fwd.lse.as_ref(),
                 d_out: &d_out,
             };
-            let mut btimes = Vec::new();
-            for _ in 0..std::env::var("REPS")
-                .ok()
-                .and_then(|r| r.parse().ok())
-                .unwrap_or(5)
-            {
-                other_work();
-                let t = Instant::now();
+            let bbest = time_calls(&format!("{} bwd", case.name), &mut || {
                 cpu.backward(&p, inputs, g_in, GradRequest::default())
                     .unwrap();
-                btimes.push(t.elapsed().as_secs_f64());
-            }
-            btimes.sort_by(f64::total_cmp);
-            let bbest = btimes[0];
-            if std::env::var_os("MEDIAN").is_some() {
-                println!(
-                    "{:32} median {:.3} ms, 90th percentile {:.3} ms",
-                    format!("{} bwd", case.name),
-                    btimes[btimes.len() / 2] * 1e3,
-                    btimes[btimes.len() * 9 / 10] * 1e3
-                );
-            }
+            })[0];
             let gf = 2.5 * case.flops() / bbest / 1e9;
             println!(
                 "{:32} {:9.3} ms {:7.1} GFLOP/s {:5.1}% of peak (backward; {:.2}x the forward's GFLOP/s)",
