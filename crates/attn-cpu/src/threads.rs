@@ -25,7 +25,9 @@
 //! its own (consecutive items of one head keep that head's K and V in
 //! cache, and `schedule.rs` prefetches for the next item in order); one
 //! that runs out takes the back half of the largest range left. Which
-//! participant runs an item never changes its result.
+//! participant runs an item never changes its result. A panic in any
+//! participant stops the others from starting further items and reaches
+//! the caller.
 
 use std::any::Any;
 use std::ops::Range;
