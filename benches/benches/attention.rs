@@ -11,7 +11,8 @@
 use attn::{Backend, Engine, EngineKind, Inputs};
 use attn_benches::candle_backends::CandleKind;
 use attn_benches::{
-    backward_inputs, bench_id, has_backward, BenchCase, BenchEnv, CPU_BACKWARD, SUITE,
+    backward_inputs, bench_id, calls_after_work, has_backward, BenchCase, BenchEnv, CPU_BACKWARD,
+    SUITE,
 };
 use attn_spec::{Backward, GradInputs, GradOutputs};
 use criterion::{criterion_group, criterion_main, Bencher, Criterion};
@@ -118,16 +119,7 @@ fn time_calls<R>(b: &mut Bencher<'_>, case: &BenchCase, mut call: impl FnMut() -
     if case.gap_us == 0 {
         return b.iter(call);
     }
-    b.iter_custom(|iters| {
-        let mut total = Duration::ZERO;
-        for _ in 0..iters {
-            case.other_work();
-            let t = Instant::now();
-            black_box(call());
-            total += t.elapsed();
-        }
-        total
-    });
+    b.iter_custom(|iters| calls_after_work(iters, case, &mut call));
 }
 
 /// The progress line before each timed case: its number, the time so far
@@ -251,14 +243,7 @@ fn candle(c: &mut Criterion, env: &BenchEnv, progress: &mut Progress) {
                                 }
                                 return t.elapsed();
                             }
-                            let mut total = Duration::ZERO;
-                            for _ in 0..iters {
-                                case.other_work();
-                                let t = Instant::now();
-                                run(false).expect("run");
-                                total += t.elapsed();
-                            }
-                            total
+                            calls_after_work(iters, case, || run(false).expect("run"))
                         })
                     })
                 });

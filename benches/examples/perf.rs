@@ -127,14 +127,7 @@ fn main() {
         });
         // Other work on this thread between calls, as in an engine: the
         // pool's threads go idle meanwhile.
-        let other_work = || {
-            if let Some(us) = gap {
-                let t = Instant::now();
-                while t.elapsed().as_secs_f64() * 1e6 < us {
-                    std::hint::spin_loop();
-                }
-            }
-        };
+        let other_work = || attn_benches::busy_us(gap.unwrap_or(0.0));
         // `REPS` calls, each after the other work; their times sorted, the
         // median printed when asked.
         let time_calls = |name: &str, call: &mut dyn FnMut()| {

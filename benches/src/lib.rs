@@ -396,16 +396,39 @@ impl BenchCase {
     /// Spins for [`BenchCase::gap_us`] microseconds on the calling thread
     /// (nothing when 0): the other work before a timed call.
     pub fn other_work(&self) {
-        let t = std::time::Instant::now();
-        while t.elapsed().as_secs_f64() * 1e6 < f64::from(self.gap_us) {
-            std::hint::spin_loop();
-        }
+        busy_us(f64::from(self.gap_us));
     }
 
     /// A file- and id-safe form of the name.
     pub fn slug(&self) -> String {
         self.name.replace(['/', ':'], "_")
     }
+}
+
+/// Busy work on the calling thread for `us` microseconds (a spin, so the
+/// thread stays on its core while other threads go idle).
+pub fn busy_us(us: f64) {
+    let t = std::time::Instant::now();
+    while t.elapsed().as_secs_f64() * 1e6 < us {
+        std::hint::spin_loop();
+    }
+}
+
+/// The time of `iters` calls alone, each made after the case's other
+/// work ([`BenchCase::gap_us`]).
+pub fn calls_after_work<R>(
+    iters: u64,
+    case: &BenchCase,
+    mut call: impl FnMut() -> R,
+) -> std::time::Duration {
+    let mut total = std::time::Duration::ZERO;
+    for _ in 0..iters {
+        case.other_work();
+        let t = std::time::Instant::now();
+        std::hint::black_box(call());
+        total += t.elapsed();
+    }
+    total
 }
 
 /// The report's name of attn-cpu's backward pass.

@@ -281,6 +281,14 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
+    /// A pool of `threads` threads of its own.
+    fn new_pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    }
+
     /// Runs `map` with items of uneven cost (every 7th sleeps, so the
     /// others take from its range) and checks that every item ran exactly
     /// once, the results are in item order, each participant made its
@@ -323,14 +331,8 @@ mod tests {
     /// than one participant.
     #[test]
     fn every_item_runs_once_in_order() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
-        let other = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        let pool = new_pool(3);
+        let other = new_pool(2);
         for n in [0, 1, 2, 5, 97] {
             assert_eq!(check(Threads::One, n), 1);
             check(Threads::Pool(Some(&pool), 3), n);
@@ -349,10 +351,7 @@ mod tests {
     /// and returns; the late helper job then finds the call closed.
     #[test]
     fn a_call_does_not_wait_for_helpers_that_never_start() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
+        let pool = new_pool(1);
         let (release, held) = std::sync::mpsc::channel::<()>();
         pool.spawn(move || held.recv().unwrap());
         let (done, finished) = std::sync::mpsc::channel();
@@ -375,10 +374,7 @@ mod tests {
     /// after it.
     #[test]
     fn a_panic_reaches_the_caller() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        let pool = new_pool(2);
         let items: Vec<usize> = (0..64).collect();
         for bad in [0, 31, 63] {
             let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -404,10 +400,7 @@ mod tests {
     /// the item it holds and stops. Without the flag all 64 run.
     #[test]
     fn a_panic_stops_the_others() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        let pool = new_pool(2);
         let items: Vec<usize> = (0..64).collect();
         let ran = AtomicUsize::new(0);
         let unwinding = AtomicBool::new(false);
@@ -438,10 +431,7 @@ mod tests {
     /// pieces of one output, each written with its index.
     #[test]
     fn each_runs_every_item_once() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
+        let pool = new_pool(3);
         for threads in [Threads::One, Threads::Pool(Some(&pool), 3)] {
             for n in [0, 1, 7, 301] {
                 let mut out = vec![0usize; n];
