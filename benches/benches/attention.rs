@@ -11,13 +11,39 @@
 use attn::{Backend, Engine, EngineKind, Inputs};
 use attn_benches::candle_backends::CandleKind;
 use attn_benches::{
-    backward_inputs, bench_id, calls_after_work, has_backward, BenchCase, BenchEnv, CPU_BACKWARD,
-    SUITE,
+    backward_inputs, bench_id, calls_after_work, has_backward, has_spin, BenchCase, BenchEnv,
+    CPU_BACKWARD, CPU_SPIN, CPU_SPIN_FOR, SUITE,
 };
 use attn_spec::{Backward, GradInputs, GradOutputs};
 use criterion::{criterion_group, criterion_main, Bencher, Criterion};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
+
+/// The engines timed on `threads`: each compiled kind's, and attn-cpu
+/// with spinning helpers as `cpu-spin`.
+fn engines(threads: usize) -> Vec<(Engine, String)> {
+    let mut all: Vec<(Engine, String)> = EngineKind::compiled()
+        .into_iter()
+        .filter_map(|k| engine(k, threads))
+        .map(|e| {
+            let name = e.name();
+            (e, name)
+        })
+        .collect();
+    if let Ok(cpu) = attn_cpu::Cpu::with_threads(threads) {
+        all.push((Engine::Cpu(cpu.with_spin(CPU_SPIN_FOR)), CPU_SPIN.into()));
+    }
+    all
+}
+
+/// Whether `backend` (an [`engines`] name) is timed on `case`.
+fn times(backend: &str, case: &BenchCase) -> bool {
+    match backend {
+        "reference" => case.small,
+        CPU_SPIN => has_spin(case),
+        _ => true,
+    }
+}
 
 fn engine(kind: EngineKind, threads: usize) -> Option<Engine> {
     match kind {
@@ -32,17 +58,16 @@ fn engine(kind: EngineKind, threads: usize) -> Option<Engine> {
 
 fn attention(c: &mut Criterion) {
     let env = BenchEnv::from_env();
-    let total: usize = EngineKind::compiled()
+    let total: usize = env
+        .threads
         .iter()
-        .map(|&k| {
-            let ts = env
-                .threads
+        .flat_map(|&t| engines(t))
+        .filter(|(_, name)| env.wants_backend(name))
+        .map(|(_, name)| {
+            SUITE
                 .iter()
-                .filter(|&&t| engine(k, t).is_some_and(|e| env.wants_backend(&e.name())));
-            let cases = SUITE
-                .iter()
-                .filter(|c| env.wants_case(c) && (k != EngineKind::Reference || c.small));
-            ts.count() * cases.count()
+                .filter(|c| env.wants_case(c) && times(&name, c))
+                .count()
         })
         .sum::<usize>()
         + CandleKind::ALL
@@ -70,23 +95,16 @@ fn attention(c: &mut Criterion) {
         done: 0,
         total,
     };
-    for kind in EngineKind::compiled() {
-        for &threads in &env.threads {
-            let Some(engine) = engine(kind, threads) else {
-                continue;
-            };
-            if !env.wants_backend(&engine.name()) {
+    for &threads in &env.threads {
+        for (engine, name) in engines(threads) {
+            if !env.wants_backend(&name) {
                 continue;
             }
-            for case in SUITE.iter().filter(|c| env.wants_case(c)) {
-                if kind == EngineKind::Reference && !case.small {
-                    continue;
-                }
-                progress.next(format!(
-                    "{} {} on {threads} thread(s)",
-                    engine.name(),
-                    case.name
-                ));
+            for case in SUITE
+                .iter()
+                .filter(|c| env.wants_case(c) && times(&name, c))
+            {
+                progress.next(format!("{name} {} on {threads} thread(s)", case.name));
                 let problem = case.problem();
                 let [q, k, v] = case.data();
                 let up = |d| engine.upload(d).expect("upload");
@@ -94,7 +112,7 @@ fn attention(c: &mut Criterion) {
                 let mut out = engine
                     .zeros(problem.dtype, problem.out.extent().expect("valid"))
                     .expect("alloc");
-                c.bench_function(&bench_id(&engine.name(), case, threads), |b| {
+                c.bench_function(&bench_id(&name, case, threads), |b| {
                     time_calls(b, case, || {
                         engine
                             .forward_into(

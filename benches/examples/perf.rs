@@ -8,13 +8,14 @@
 //! `NO_PEAK`, `BW` (also measure the triad and read bandwidths), `BWD` (also time
 //! the backward pass, counted as 2.5x the forward's FLOPs), `DTYPE`
 //! (`f32`, `f16` or `bf16`: the same cases in another element type),
-//! `MEDIAN` (also print the median and 90th percentile of the calls: far
-//! above the best, the machine was busy), `KV_ALIGN` (bytes: K and V
+//! `MEDIAN` (also print the median, 90th percentile and mean of the calls:
+//! far above the best, the machine was busy), `KV_ALIGN` (bytes: K and V
 //! placed so their first element sits that far past a 64-byte line; a
 //! Rust `Vec` from the allocator usually sits 16 bytes past one),
 //! `GAP_US` (microseconds of other work on the calling thread before each
 //! call, forward and backward, as an engine's projections would take: the
-//! pool's threads go idle in between).
+//! pool's threads go idle in between), `SPIN_US` (`Cpu::with_spin`: how
+//! long helpers wait, spinning, for the next call).
 
 use attn::{Backend, Inputs};
 use attn_benches::machine::fma_peak_per_core;
@@ -41,7 +42,12 @@ fn main() {
             attn_benches::machine::read_bandwidth(threads)
         );
     }
-    let cpu = attn_cpu::Cpu::with_threads(threads).unwrap();
+    let spin_us: u64 = std::env::var("SPIN_US")
+        .ok()
+        .map_or(0, |s| s.parse().expect("SPIN_US: microseconds"));
+    let cpu = attn_cpu::Cpu::with_threads(threads)
+        .unwrap()
+        .with_spin(std::time::Duration::from_micros(spin_us));
     println!(
         "attn-cpu SIMD level: {} (this CPU: {}; ATTN_CPU_ISA caps it)",
         cpu.isa().unwrap(),
@@ -146,9 +152,10 @@ fn main() {
             times.sort_by(f64::total_cmp);
             if std::env::var_os("MEDIAN").is_some() {
                 println!(
-                    "{name:32} median {:.3} ms, 90th percentile {:.3} ms",
+                    "{name:32} median {:.3} ms, 90th percentile {:.3} ms, mean {:.3} ms",
                     times[times.len() / 2] * 1e3,
-                    times[times.len() * 9 / 10] * 1e3
+                    times[times.len() * 9 / 10] * 1e3,
+                    times.iter().sum::<f64>() / times.len() as f64 * 1e3
                 );
             }
             times

@@ -434,6 +434,22 @@ pub fn calls_after_work<R>(
 /// The report's name of attn-cpu's backward pass.
 pub const CPU_BACKWARD: &str = "cpu-bwd";
 
+/// The report's name of attn-cpu with helpers that wait, spinning, for
+/// [`CPU_SPIN_FOR`] after each call (`Cpu::with_spin`), timed on the cases
+/// with other work between calls ([`has_spin`]): what a user who opts in
+/// gets, beside the default `cpu` rows.
+pub const CPU_SPIN: &str = "cpu-spin";
+
+/// How long `cpu-spin`'s helpers wait after a call: longer than any
+/// case's gap, as a user would set it to span the work between calls.
+pub const CPU_SPIN_FOR: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Whether a case gets `cpu-spin` rows: those with other work before each
+/// call (back to back, the pool's threads never go idle).
+pub fn has_spin(case: &BenchCase) -> bool {
+    case.gap_us > 0
+}
+
 /// Whether a case gets backward rows: prefill shapes (training runs no
 /// decode steps).
 pub fn has_backward(case: &BenchCase) -> bool {

@@ -9,7 +9,10 @@ use crate::report::{fmt_time, Record};
 use crate::{charts, check, ort, report, root, target_dir, torch};
 use attn::{Engine, EngineKind};
 use attn_benches::candle_backends::CandleKind;
-use attn_benches::{bench_id, has_backward, BenchCase, Tier, CPU_BACKWARD, MEMORY_CASE, SUITE};
+use attn_benches::{
+    bench_id, has_backward, has_spin, BenchCase, Tier, CPU_BACKWARD, CPU_SPIN, CPU_SPIN_FOR,
+    MEMORY_CASE, SUITE,
+};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -130,6 +133,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut notes = Vec::new();
     let backward = EngineKind::compiled().contains(&EngineKind::Cpu)
         && (o.backends.is_empty() || o.backends.iter().any(|b| b == CPU_BACKWARD));
+    let spin = EngineKind::compiled().contains(&EngineKind::Cpu)
+        && (o.backends.is_empty() || o.backends.iter().any(|b| b == CPU_SPIN))
+        && cases.iter().any(|c| has_spin(c));
 
     // 1. Correctness of every (backend, case) before timing.
     let mut checks: HashMap<(String, &str), Result<String, String>> = HashMap::new();
@@ -154,6 +160,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Err(err) => println!("MISMATCH: {err}"),
         }
         checks.insert((name, case.name), r);
+    }
+
+    // 1a. attn-cpu with spinning helpers, on the cases it is timed on.
+    if spin {
+        let e = attn_cpu::Cpu::with_threads(m.cores)
+            .map(|c| Engine::Cpu(c.with_spin(CPU_SPIN_FOR)))
+            .map_err(|e| e.to_string())?;
+        for case in cases.iter().filter(|c| has_spin(c)) {
+            print!("[check] {CPU_SPIN} {} ... ", case.name);
+            let r = check::check(&e, case);
+            match &r {
+                Ok(note) => println!("ok ({note})"),
+                Err(err) => println!("MISMATCH: {err}"),
+            }
+            checks.insert((CPU_SPIN.to_string(), case.name), r);
+        }
     }
 
     // 1b. The candle backends and baselines.
@@ -231,6 +253,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if backward {
         backend_names.push(CPU_BACKWARD.into());
     }
+    if spin {
+        backend_names.push(CPU_SPIN.into());
+    }
     backend_names.extend(candle_kinds.iter().map(|k| k.name().to_string()));
     println!(
         "timing {} case(s) x {} backend(s) x threads {:?} with criterion ...",
@@ -264,7 +289,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 if b == "reference" && (!case.small || t != 1) {
                     continue;
                 }
-                if b == CPU_BACKWARD && !has_backward(case) {
+                if (b == CPU_BACKWARD && !has_backward(case)) || (b == CPU_SPIN && !has_spin(case))
+                {
                     continue;
                 }
                 if CandleKind::ALL
@@ -368,8 +394,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     for c in cases.iter().filter(|c| c.gap_us > 0) {
         notes.push(format!(
-            "{}: {} us of busy work on the calling thread before each timed call, left out of its time (every backend, baselines included), as an engine's projections come between decode steps: the thread pools' threads go idle between calls",
-            c.name, c.gap_us
+            "{}: {} us of busy work on the calling thread before each timed call, left out of its time (every backend, baselines included), as an engine's projections come between decode steps: the thread pools' threads go idle between calls (ONNX Runtime's spin by default; `{CPU_SPIN}` is attn-cpu with `Cpu::with_spin({} ms)`, its helpers spinning that long after each call, `cpu` its default, where they go back to rayon's pool and sleep)",
+            c.name, c.gap_us, CPU_SPIN_FOR.as_millis()
         ));
     }
     notes.push("candle: `candle-attn` is attn's fused kernel on candle tensors (attn-candle), `candle-plain` the plain candle composition (matmul, scale, mask, softmax, matmul; only where the score matrix fits in 256 MiB), `candle-nn-flash` candle-nn 0.11's fused CPU attention (`candle_nn::attention::flash_attn`; windows as an additive mask, batch 1 only)".into());

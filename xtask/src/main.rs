@@ -46,7 +46,7 @@ tasks:
                               (over half an hour on 2 cores)
            --quick            a small subset with short measurements (about 2 minutes)
            --case NAME        only this case (repeatable; see benches/src/lib.rs)
-           --backend NAME     only this backend (repeatable: cpu, cpu-bwd, reference,
+           --backend NAME     only this backend (repeatable: cpu, cpu-bwd, cpu-spin, reference,
                               candle-attn, candle-plain, candle-nn-flash)
            --threads N        only this thread count (repeatable; default 1 and all cores)
            --out DIR          write the report to DIR instead of target/attn-bench

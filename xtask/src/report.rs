@@ -224,7 +224,7 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
     );
     let _ = writeln!(
         s,
-        "PyTorch's SDPA (`torch-sdpa`; backward rows `cpu-bwd` against `torch-sdpa-bwd`, `torch.autograd.grad` of Q, K, V through SDPA, count 2.5x the forward's FLOPs) and ONNX Runtime's CPU attention operators (`ort-attention`, `ort-mha`, `ort-gqa`). Speed-up: the baseline's time over attn-cpu's.\n"
+        "PyTorch's SDPA (`torch-sdpa`; backward rows `cpu-bwd` against `torch-sdpa-bwd`, `torch.autograd.grad` of Q, K, V through SDPA, count 2.5x the forward's FLOPs; `forward, spinning` rows `cpu-spin`, attn-cpu with its helpers spinning after each call) and ONNX Runtime's CPU attention operators (`ort-attention`, `ort-mha`, `ort-gqa`). Speed-up: the baseline's time over attn-cpu's.\n"
     );
     let _ = writeln!(
         s,
@@ -236,6 +236,10 @@ fn markdown(m: &Machine, records: &[Record], notes: &[String], memory: Option<&V
         ("forward", "cpu", "ort-attention"),
         ("forward", "cpu", "ort-mha"),
         ("forward", "cpu", "ort-gqa"),
+        ("forward, spinning", "cpu-spin", "torch-sdpa"),
+        ("forward, spinning", "cpu-spin", "ort-attention"),
+        ("forward, spinning", "cpu-spin", "ort-mha"),
+        ("forward, spinning", "cpu-spin", "ort-gqa"),
         ("backward", "cpu-bwd", "torch-sdpa-bwd"),
     ] {
         for c in &cases {

@@ -15,7 +15,7 @@
 //! math), `exp.rs` (fast `2^x`), `softmax.rs` (online softmax state),
 //! `pack.rs` (panels in, rows out), `tiling.rs` (the loop nest of one block),
 //! `work.rs` (cutting a problem into blocks), `schedule.rs` (ordering and
-//! running them, writing results), `threads.rs` (the calling thread and
+//! running them, writing results), `threads/` (the calling thread and
 //! the pool's helpers),
 //! `linear.rs` (projections through the `gemm` crate).
 
@@ -68,6 +68,8 @@ pub struct Cpu {
     /// The AMX path on the scalar model of the tile unit
     /// ([`Cpu::with_tile_model`]).
     tile_model: bool,
+    /// Where helpers wait after a call ([`Cpu::with_spin`]).
+    lobby: Option<Arc<threads::Lobby>>,
 }
 
 impl Default for Cpu {
@@ -77,6 +79,7 @@ impl Default for Cpu {
             single: false,
             isa: Isa::selected(),
             tile_model: false,
+            lobby: None,
         }
     }
 }
@@ -156,6 +159,26 @@ impl Cpu {
         })
     }
 
+    /// This backend with helpers that stay awake for up to `spin` after
+    /// each call, spinning, and join the next call at once if it comes
+    /// within that time (as ONNX Runtime's intra-op threads do by default,
+    /// and OpenMP's with `OMP_WAIT_POLICY=active`). Without it, helpers
+    /// go back to the pool, whose threads fall asleep within tens of
+    /// microseconds, and a call that follows other work on the calling
+    /// thread (an engine's projections between decode steps) waits for
+    /// them to wake. The price: each helper keeps a core busy until its
+    /// spin runs out, and other jobs on the pool (rayon's global pool
+    /// unless [`Cpu::with_threads`]) wait up to `spin` for a thread; this
+    /// backend's own backward pass and projections send the helpers back
+    /// first. `Duration::ZERO` turns it off. No effect on results, nor on
+    /// a one-thread backend.
+    pub fn with_spin(self, spin: std::time::Duration) -> Self {
+        Cpu {
+            lobby: (!spin.is_zero()).then(|| Arc::new(threads::Lobby::new(spin))),
+            ..self
+        }
+    }
+
     /// Threads this backend runs on.
     pub fn threads(&self) -> usize {
         if self.single {
@@ -177,17 +200,23 @@ impl Cpu {
     }
 
     /// Where a call's work items run: on the calling thread alone, or
-    /// with helpers from this backend's pool (`threads.rs`).
+    /// with helpers from this backend's pool (`threads/`).
     fn runner(&self, par: bool) -> threads::Threads<'_> {
         match par {
-            true => threads::Threads::Pool(self.pool.as_deref(), self.threads()),
+            true => {
+                threads::Threads::Pool(self.pool.as_deref(), self.threads(), self.lobby.as_ref())
+            }
             false => threads::Threads::One,
         }
     }
 
     /// Runs `f` inside this backend's pool when `par`: for `linear`,
     /// whose GEMM crate runs its threads on rayon's current pool.
+    /// Helpers waiting in this backend's lobby go back to the pool first.
     fn install<R: Send>(&self, par: bool, f: impl FnOnce() -> R + Send) -> R {
+        if let (Some(lobby), true) = (&self.lobby, par) {
+            lobby.dismiss();
+        }
         match (&self.pool, par) {
             (Some(p), true) => p.install(f),
             _ => f(),

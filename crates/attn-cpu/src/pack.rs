@@ -158,7 +158,7 @@ pub fn pack_rows<V: Vector, T: CpuElement>(
 
 /// Packed value rows kept across the blocks of one head, indexed by key:
 /// the blocks of a head run one after another on one thread (each thread
-/// takes a contiguous range of them, `threads.rs`), and each re-reads the
+/// takes a contiguous range of them, `threads/`), and each re-reads the
 /// keys its predecessor read, so when the head's packed V fits in
 /// [`PACKED_V_BYTES`] it is packed once per head and thread instead of
 /// once per block. Only

@@ -4,7 +4,7 @@
 //! cost (visible pairs) within each group: under a causal mask the heavy
 //! last blocks start first and the light ones fill in at the end instead of
 //! straggling, taking from each other's ranges balances the threads
-//! (`threads.rs`), and consecutive
+//! (`threads/`), and consecutive
 //! items of a thread read the same head's K and V, which then stay in L2/L3
 //! (ordering by cost across heads measured 5-15% slower at S = 2048-8192 on
 //! two threads: every item brought another head's K/V from DRAM). Each
@@ -414,7 +414,7 @@ fn run_block<V: Vector, T: CpuElement>(
 
 /// Maps `f` over `items` with a workspace for head dims `dims` leased
 /// once by each thread that takes part (`Lease::new`), on the calling
-/// thread and the helpers `threads` allows (`threads.rs`).
+/// thread and the helpers `threads` allows (`threads/`).
 fn map_items<I: Sync, R: Send>(
     threads: Threads<'_>,
     items: &[I],
@@ -500,7 +500,7 @@ pub fn run_all<T: CpuElement>(ctx: &Ctx<'_, T>, sink: &Sink<T>, threads: Threads
             let unit = &blocks[at.clone()];
             // This unit's output rows, and the query rows of the unit that
             // most likely runs next on this thread (each thread takes
-            // its units from a contiguous range, `threads.rs`).
+            // its units from a contiguous range, `threads/`).
             ws.ahead.clear();
             let out = (sink.addr(), size_of::<T>());
             let q = (ctx.q.as_ptr() as usize, size_of::<T>());

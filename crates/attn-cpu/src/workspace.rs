@@ -4,7 +4,7 @@
 //! fault in) fresh pages.
 //!
 //! Each thread that takes part in a call leases one workspace for its
-//! share (`threads.rs`; when the forward pass ran as rayon jobs, each job
+//! share (`threads/`; when the forward pass ran as rayon jobs, each job
 //! leased anew), so a fresh workspace per call would cost a few hundred
 //! kilobytes of new pages per thread and call. A [`Lease`] takes a
 //! workspace of the right head dims from the thread's pool (or makes one),

@@ -71,7 +71,7 @@ fn split_kv_decoding_passes() {
 }
 
 /// The output is bitwise identical for 1, 2 and 3 threads, on the prefill
-/// path and both split-KV paths.
+/// path and both split-KV paths, with and without spinning helpers.
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     // Prefill; split-KV per head (one K/V head, or [b, h, s, d]); split-KV
@@ -98,6 +98,15 @@ fn results_do_not_depend_on_the_thread_count() {
         let one = run(1);
         assert_eq!(one, run(2));
         assert_eq!(one, run(3));
+        // Helpers that wait for the next call (`with_spin`) join the
+        // second and third calls as they come.
+        let spinning = Cpu::with_threads(3)
+            .unwrap()
+            .with_spin(std::time::Duration::from_secs(1));
+        for _ in 0..3 {
+            let o = spinning.forward(&case.problem, case.inputs()).unwrap();
+            assert_eq!(one, (o.out, o.lse));
+        }
     }
 }
 

@@ -21,6 +21,16 @@
 //! A call computes on its caller and up to `n - 1` pool threads, so `k`
 //! threads calling at once compute on up to `k + n - 1`.
 //!
+//! With a [`Lobby`] (`Cpu::with_spin`), helpers do not go back to the pool
+//! after a call: they wait in the lobby, spinning, for up to its `spin`,
+//! and a call posted there meanwhile is joined at once by as many of them
+//! as it has room for (it spawns jobs only for the rest). That is what
+//! ONNX Runtime's spinning intra-op threads and OpenMP's active wait
+//! policy do: a call that follows other work on the caller (an engine's
+//! projections) starts on all its threads without waiting for a wake-up,
+//! at the price of the helpers' cores, busy until the spin runs out, and
+//! of the pool's other jobs, which wait up to `spin` for a thread.
+//!
 //! Each participant takes items from the front of a contiguous range of
 //! its own (consecutive items of one head keep that head's K and V in
 //! cache, and `schedule.rs` prefetches for the next item in order); one
@@ -34,14 +44,18 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+mod lobby;
+pub use lobby::Lobby;
+
 /// How a call runs its items.
 #[derive(Clone, Copy)]
 pub enum Threads<'a> {
     /// In order on the calling thread.
     One,
     /// On the calling thread and up to `n - 1` helpers from `pool`
-    /// (rayon's current pool when `None`: the global one outside a pool).
-    Pool(Option<&'a rayon::ThreadPool>, usize),
+    /// (rayon's current pool when `None`: the global one outside a pool),
+    /// those waiting in the lobby first, where there is one.
+    Pool(Option<&'a rayon::ThreadPool>, usize, Option<&'a Arc<Lobby>>),
 }
 
 /// The ranges of items still to run, one per participant.
@@ -90,7 +104,7 @@ pub fn map<I: Sync, S, R: Send>(
     f: impl Fn(&mut S, &I) -> R + Sync,
 ) -> Vec<R> {
     let n = match threads {
-        Threads::Pool(_, n) => n.min(items.len()),
+        Threads::Pool(_, n, _) => n.min(items.len()),
         Threads::One => 1,
     };
     if n <= 1 {
@@ -114,11 +128,11 @@ pub fn map<I: Sync, S, R: Send>(
         }
         done.lock().unwrap_or_else(|e| e.into_inner()).extend(mine);
     };
-    let pool = match threads {
-        Threads::Pool(pool, _) => pool,
-        Threads::One => None,
+    let (pool, lobby) = match threads {
+        Threads::Pool(pool, _, lobby) => (pool, lobby),
+        Threads::One => (None, None),
     };
-    let call = Arc::new(Call::default());
+    let call = Arc::new(Call::with_room(n - 1));
     {
         // Closes the call when the caller's share is done (or panicked):
         // waits for the helpers inside, turns away any that start later.
@@ -140,14 +154,16 @@ pub fn map<I: Sync, S, R: Send>(
                 *const (dyn Fn(usize) + Sync + 'static),
             >(erased)
         });
-        for _ in 1..n {
+        let waiting = lobby.map_or(0, |l| l.post(&call, erased, n - 1));
+        for _ in waiting + 1..n {
             let job = Helper {
                 call: Arc::clone(&call),
                 work: erased,
             };
+            let lobby = lobby.cloned();
             match pool {
-                Some(pool) => pool.spawn(move || job.run()),
-                None => rayon::spawn(move || job.run()),
+                Some(pool) => pool.spawn(move || job.run_then_wait(lobby)),
+                None => rayon::spawn(move || job.run_then_wait(lobby)),
             }
         }
         work(0);
@@ -185,21 +201,35 @@ pub fn each<I: Send>(
 
 /// What a call's caller and helpers share: whether the call still takes
 /// helpers, how many are inside it, and the first helper's panic.
-#[derive(Default)]
 struct Call {
     state: Mutex<CallState>,
     left: Condvar,
 }
 
-#[derive(Default)]
 struct CallState {
     closed: bool,
+    /// How many helpers may join in all (each has a range of items).
+    room: usize,
     inside: usize,
     joined: usize,
     panic: Option<Box<dyn Any + Send>>,
 }
 
 impl Call {
+    /// An open call with room for `room` helpers.
+    fn with_room(room: usize) -> Self {
+        Call {
+            state: Mutex::new(CallState {
+                closed: false,
+                room,
+                inside: 0,
+                joined: 0,
+                panic: None,
+            }),
+            left: Condvar::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, CallState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -222,13 +252,25 @@ struct Helper {
 }
 
 impl Helper {
-    /// Joins the call if it is still open (helpers number themselves 1,
-    /// 2, ... in the order they join), runs its share, and leaves; a
-    /// panic is kept for the caller, as the pool would abort on it.
+    /// Runs its share of the call, then, with a lobby, joins each call
+    /// posted there until none comes within the lobby's spin.
+    fn run_then_wait(self, lobby: Option<Arc<Lobby>>) {
+        self.run();
+        if let Some(lobby) = lobby {
+            while let Some(next) = lobby.wait() {
+                next.run();
+            }
+        }
+    }
+
+    /// Joins the call if it is still open and has room (helpers number
+    /// themselves 1, 2, ... in the order they join), runs its share, and
+    /// leaves; a panic is kept for the caller, as the pool would abort on
+    /// it.
     fn run(self) {
         let me = {
             let mut st = self.call.lock();
-            if st.closed {
+            if st.closed || st.joined == st.room {
                 return;
             }
             st.inside += 1;
@@ -277,12 +319,12 @@ impl Drop for StopOnPanic<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
     /// A pool of `threads` threads of its own.
-    fn new_pool(threads: usize) -> rayon::ThreadPool {
+    pub(super) fn new_pool(threads: usize) -> rayon::ThreadPool {
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
@@ -294,7 +336,7 @@ mod tests {
     /// once, the results are in item order, each participant made its
     /// state once and at least one did; returns how many participants
     /// made state.
-    fn check(threads: Threads<'_>, n: usize) -> usize {
+    pub(super) fn check(threads: Threads<'_>, n: usize) -> usize {
         let items: Vec<usize> = (0..n).collect();
         let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
         let inits = AtomicUsize::new(0);
@@ -314,7 +356,7 @@ mod tests {
         assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
         let most = match threads {
             Threads::One => 1,
-            Threads::Pool(_, t) => t.min(n).max(1),
+            Threads::Pool(_, t, _) => t.min(n).max(1),
         };
         let made = inits.load(Ordering::Relaxed);
         assert!(
@@ -327,23 +369,26 @@ mod tests {
     /// Every item runs exactly once and the results come back in item
     /// order, on the calling thread alone, with its own pool, rayon's
     /// global pool, from a worker of another pool and from a worker of
-    /// the same pool; a call long enough for the helpers to wake has more
-    /// than one participant.
+    /// the same pool, each with and without a lobby; a call long enough
+    /// for the helpers to wake has more than one participant.
     #[test]
     fn every_item_runs_once_in_order() {
         let pool = new_pool(3);
         let other = new_pool(2);
+        let lobby = Arc::new(Lobby::new(std::time::Duration::from_micros(500)));
         for n in [0, 1, 2, 5, 97] {
             assert_eq!(check(Threads::One, n), 1);
-            check(Threads::Pool(Some(&pool), 3), n);
-            check(Threads::Pool(None, 4), n);
-            other.install(|| check(Threads::Pool(Some(&pool), 3), n));
-            pool.install(|| check(Threads::Pool(Some(&pool), 3), n));
-            other.install(|| check(Threads::Pool(None, 2), n));
+            for l in [None, Some(&lobby)] {
+                check(Threads::Pool(Some(&pool), 3, l), n);
+                check(Threads::Pool(None, 4, l), n);
+                other.install(|| check(Threads::Pool(Some(&pool), 3, l), n));
+                pool.install(|| check(Threads::Pool(Some(&pool), 3, l), n));
+                other.install(|| check(Threads::Pool(None, 2, l), n));
+            }
         }
         // 2100 items, 300 of them 300 us: about 90 ms of work, which the
         // pool's threads wake for long before it ends.
-        assert!(check(Threads::Pool(Some(&pool), 3), 2100) > 1);
+        assert!(check(Threads::Pool(Some(&pool), 3, None), 2100) > 1);
     }
 
     /// A call does not wait for a helper that has not started: with the
@@ -358,7 +403,7 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    check(Threads::Pool(Some(&pool), 2), 50)
+                    check(Threads::Pool(Some(&pool), 2, None), 50)
                 }));
                 done.send(made.map_err(|_| "check failed")).unwrap()
             });
@@ -367,7 +412,7 @@ mod tests {
             assert_eq!(got, Ok(Ok(1)), "the caller waited for the held pool");
         });
         // The pool, released, still serves calls.
-        check(Threads::Pool(Some(&pool), 2), 50);
+        check(Threads::Pool(Some(&pool), 2, None), 50);
     }
 
     /// A panic in any participant reaches the caller, and the pool works
@@ -379,7 +424,7 @@ mod tests {
         for bad in [0, 31, 63] {
             let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 map(
-                    Threads::Pool(Some(&pool), 2),
+                    Threads::Pool(Some(&pool), 2, None),
                     &items,
                     || (),
                     |_, &i| {
@@ -390,7 +435,7 @@ mod tests {
             }));
             assert!(got.is_err(), "the panic at item {bad} was lost");
         }
-        check(Threads::Pool(Some(&pool), 2), 40);
+        check(Threads::Pool(Some(&pool), 2, None), 40);
     }
 
     /// After a panic the other participants start no further item. The
@@ -406,7 +451,7 @@ mod tests {
         let unwinding = AtomicBool::new(false);
         let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             map(
-                Threads::Pool(Some(&pool), 2),
+                Threads::Pool(Some(&pool), 2, None),
                 &items,
                 || (),
                 |_, &i| {
@@ -432,7 +477,7 @@ mod tests {
     #[test]
     fn each_runs_every_item_once() {
         let pool = new_pool(3);
-        for threads in [Threads::One, Threads::Pool(Some(&pool), 3)] {
+        for threads in [Threads::One, Threads::Pool(Some(&pool), 3, None)] {
             for n in [0, 1, 7, 301] {
                 let mut out = vec![0usize; n];
                 each(threads, out.chunks_mut(4).enumerate(), |(c, piece)| {
