@@ -20,7 +20,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 /// The engines timed on `threads`: each compiled kind's, and attn-cpu
-/// with spinning helpers as `cpu-spin`.
+/// with spinning helpers as `cpu-spin` on more than one thread.
 fn engines(threads: usize) -> Vec<(Engine, String)> {
     let mut all: Vec<(Engine, String)> = EngineKind::compiled()
         .into_iter()
@@ -30,7 +30,11 @@ fn engines(threads: usize) -> Vec<(Engine, String)> {
             (e, name)
         })
         .collect();
-    if let Ok(cpu) = attn_cpu::Cpu::with_threads(threads) {
+    // On one thread there are no helpers to wait: the `cpu` row's twin.
+    if let Some(cpu) = attn_cpu::Cpu::with_threads(threads)
+        .ok()
+        .filter(|_| threads > 1)
+    {
         all.push((Engine::Cpu(cpu.with_spin(CPU_SPIN_FOR)), CPU_SPIN.into()));
     }
     all

@@ -68,8 +68,9 @@ pub struct Cpu {
     /// The AMX path on the scalar model of the tile unit
     /// ([`Cpu::with_tile_model`]).
     tile_model: bool,
-    /// Where helpers wait after a call ([`Cpu::with_spin`]).
-    lobby: Option<Arc<threads::Lobby>>,
+    /// Where helpers wait after a call ([`Cpu::with_spin`]), closed when
+    /// the last clone of this backend drops.
+    lobby: Option<Arc<threads::Owned>>,
 }
 
 impl Default for Cpu {
@@ -165,18 +166,22 @@ impl Cpu {
     /// and OpenMP's with `OMP_WAIT_POLICY=active`). Without it, helpers
     /// go back to the pool, whose threads fall asleep within tens of
     /// microseconds, and a call that follows other work on the calling
-    /// thread (an engine's projections between decode steps) waits for
-    /// them to wake. The price: each helper keeps a core busy until its
-    /// spin runs out, and other jobs on the pool (rayon's global pool
-    /// unless [`Cpu::with_threads`]) wait up to `spin` for a thread; this
-    /// backend's own backward pass and projections send the helpers back
-    /// first. `Duration::ZERO` turns it off. No effect on results, nor on
-    /// a one-thread backend.
+    /// thread (a sampler, a tokenizer, layers on another pool) waits for
+    /// them to wake. Work on this backend's own pool does not need it:
+    /// its threads are awake after it, and this backend's `linear` and
+    /// backward pass send waiting helpers back to the pool first, so they
+    /// gain nothing from it. The price: each waiting helper keeps a core
+    /// busy, and other jobs on the pool (rayon's global pool unless
+    /// [`Cpu::with_threads`]) get no thread from it, for as long as calls
+    /// keep coming within `spin` of each other and up to `spin` after the
+    /// last. `Duration::ZERO` turns it off, `Duration::MAX` spins until
+    /// the backend (its last clone) drops. No effect on results, nor on a
+    /// one-thread backend.
     pub fn with_spin(self, spin: std::time::Duration) -> Self {
-        Cpu {
-            lobby: (!spin.is_zero()).then(|| Arc::new(threads::Lobby::new(spin))),
-            ..self
-        }
+        let room = self.threads().saturating_sub(1);
+        let lobby = (!spin.is_zero() && room > 0)
+            .then(|| Arc::new(threads::Owned(Arc::new(threads::Lobby::new(spin, room)))));
+        Cpu { lobby, ..self }
     }
 
     /// Threads this backend runs on.
@@ -203,20 +208,21 @@ impl Cpu {
     /// with helpers from this backend's pool (`threads/`).
     fn runner(&self, par: bool) -> threads::Threads<'_> {
         match par {
-            true => {
-                threads::Threads::Pool(self.pool.as_deref(), self.threads(), self.lobby.as_ref())
-            }
+            true => threads::Threads::Pool(
+                self.pool.as_deref(),
+                self.threads(),
+                self.lobby.as_ref().map(|o| &o.0),
+            ),
             false => threads::Threads::One,
         }
     }
 
     /// Runs `f` inside this backend's pool when `par`: for `linear`,
     /// whose GEMM crate runs its threads on rayon's current pool.
-    /// Helpers waiting in this backend's lobby go back to the pool first.
+    /// Helpers waiting in this backend's lobby go back to the pool first,
+    /// and none waits there until `f` returns.
     fn install<R: Send>(&self, par: bool, f: impl FnOnce() -> R + Send) -> R {
-        if let (Some(lobby), true) = (&self.lobby, par) {
-            lobby.dismiss();
-        }
+        let _hold = self.lobby.as_ref().filter(|_| par).map(|o| o.0.hold());
         match (&self.pool, par) {
             (Some(p), true) => p.install(f),
             _ => f(),

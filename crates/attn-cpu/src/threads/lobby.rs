@@ -10,14 +10,19 @@ use std::time::{Duration, Instant};
 /// module's doc. A call posts itself here with how many helpers it has
 /// room for and claims that many of those waiting (`idle`); a waiting
 /// helper that sees a post takes a claim if one is left, and leaves once
-/// its spin has run out with none taken. A claim is a promise to join:
-/// the caller spawns no job for it, and a helper whose spin ends takes a
-/// claim still open before it leaves.
+/// its spin has run out with none taken. A claim is a promise to join the
+/// latest call: the caller spawns no job for it, and a helper whose spin
+/// ends takes a claim still open before it leaves. (When several threads
+/// call one backend at once, a later call's post takes back the claims an
+/// earlier call's helpers have not yet taken: that call then runs with
+/// fewer helpers, as it would on a busy pool.)
 pub struct Lobby {
     /// How long a helper waits after its last call.
     spin: Duration,
-    /// Bumped (under `state`) by every post and dismissal: what waiting
-    /// helpers poll between looks at the state.
+    /// At most this many helpers wait here (a backend's threads but one).
+    room: usize,
+    /// Bumped (under `state`) by every post that claims helpers and every
+    /// hold: what waiting helpers poll between looks at the state.
     posts: AtomicU64,
     state: Mutex<LobbyState>,
 }
@@ -30,21 +35,29 @@ struct LobbyState {
     claimed: usize,
     /// The latest call with claims, and its work.
     call: Option<(Arc<Call>, Work)>,
-    /// Bumped by [`Lobby::dismiss`]: helpers waiting from before leave.
-    dismissals: u64,
+    /// Bumped by each hold: helpers waiting from before leave.
+    holds: u64,
+    /// Holds in force ([`Lobby::hold`], and one for good once the lobby
+    /// is closed): no helper starts to wait while there is one.
+    held: usize,
 }
 
 impl std::fmt::Debug for Lobby {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lobby").field("spin", &self.spin).finish()
+        f.debug_struct("Lobby")
+            .field("spin", &self.spin)
+            .field("room", &self.room)
+            .finish()
     }
 }
 
 impl Lobby {
-    /// A lobby whose helpers wait up to `spin` after each call.
-    pub fn new(spin: Duration) -> Self {
+    /// A lobby where up to `room` helpers wait up to `spin` after each
+    /// call (`Duration::MAX`: for as long as the lobby is open).
+    pub fn new(spin: Duration, room: usize) -> Self {
         Lobby {
             spin,
+            room,
             posts: AtomicU64::new(0),
             state: Mutex::new(LobbyState::default()),
         }
@@ -70,32 +83,47 @@ impl Lobby {
         claimed
     }
 
-    /// Sends every waiting helper back to the pool, for work that needs
-    /// the pool's threads (`ThreadPool::install`): they would otherwise
-    /// hold them until their spin runs out. Claims already made stand.
-    pub fn dismiss(&self) {
+    /// Sends every waiting helper back to the pool, and keeps helpers
+    /// that finish a call from waiting, until the guard drops: for work
+    /// that needs the pool's threads (`ThreadPool::install`), which
+    /// waiting helpers would hold until their spin runs out. Claims
+    /// already made stand.
+    pub fn hold(&self) -> Hold<'_> {
+        self.block();
+        Hold(self)
+    }
+
+    /// Sends every waiting helper back to the pool, for good.
+    pub fn close(&self) {
+        self.block();
+    }
+
+    fn block(&self) {
         let mut st = self.lock();
-        if st.idle > 0 {
-            st.dismissals += 1;
-            self.posts.fetch_add(1, Ordering::Release);
-        }
+        st.held += 1;
+        st.holds += 1;
+        self.posts.fetch_add(1, Ordering::Release);
     }
 
     /// Waits, spinning, for a claim on a posted call: the call as a job
-    /// to run, or `None` when the spin ran out first (or the lobby was
-    /// dismissed).
+    /// to run, or `None` when the spin ran out first, the lobby is held,
+    /// or `room` helpers wait already.
     pub(super) fn wait(&self) -> Option<Helper> {
-        let deadline = Instant::now() + self.spin;
-        let (mut seen, dismissals) = {
+        // `None`: the spin outlasts any clock (`Duration::MAX`).
+        let deadline = Instant::now().checked_add(self.spin);
+        let (mut seen, holds) = {
             let mut st = self.lock();
+            if st.held > 0 || st.idle + st.claimed >= self.room {
+                return None;
+            }
             st.idle += 1;
-            (self.posts.load(Ordering::Relaxed), st.dismissals)
+            (self.posts.load(Ordering::Relaxed), st.holds)
         };
         loop {
             for _ in 0..64 {
                 std::hint::spin_loop();
             }
-            let late = Instant::now() >= deadline;
+            let late = deadline.is_some_and(|d| Instant::now() >= d);
             if !late && self.posts.load(Ordering::Acquire) == seen {
                 continue;
             }
@@ -108,12 +136,32 @@ impl Lobby {
                 }
                 return Some(Helper { call, work });
             }
-            if late || st.dismissals != dismissals {
+            if late || st.holds != holds {
                 st.idle -= 1;
                 return None;
             }
             seen = self.posts.load(Ordering::Relaxed);
         }
+    }
+}
+
+/// A hold on a lobby ([`Lobby::hold`]), released when dropped.
+pub struct Hold<'a>(&'a Lobby);
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.0.lock().held -= 1;
+    }
+}
+
+/// A backend's lobby, closed when the last of the backend's clones drops,
+/// so that its helpers do not spin on after it.
+#[derive(Debug)]
+pub struct Owned(pub Arc<Lobby>);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
@@ -143,6 +191,27 @@ mod tests {
         }
     }
 
+    /// A pool of one thread, a lobby for one helper that waits `spin`,
+    /// and a call through both long enough for the pool's thread to wake
+    /// and join (300 items of 300 us every 7th); after it, the helper
+    /// waits in the lobby.
+    fn one_helper_waiting(spin: Duration) -> (rayon::ThreadPool, Arc<Lobby>) {
+        let pool = new_pool(1);
+        let lobby = Arc::new(Lobby::new(spin, 1));
+        let made = check(Threads::Pool(Some(&pool), 2, Some(&lobby)), 2100);
+        assert_eq!(made, 2, "the helper did not join");
+        assert!(eventually(|| lobby.waiting() == 1), "no helper waits");
+        (pool, lobby)
+    }
+
+    /// Whether a job spawned on `pool` now runs within 20 s: whether the
+    /// pool's only thread is free.
+    fn free(pool: &rayon::ThreadPool) -> bool {
+        let (done, finished) = std::sync::mpsc::channel();
+        pool.spawn(move || done.send(()).unwrap());
+        finished.recv_timeout(Duration::from_secs(20)).is_ok()
+    }
+
     /// A helper that waits in the lobby joins the next call at once. The
     /// pool has one thread, which the waiting helper holds (it spins for
     /// a minute): a job spawned for the second call could not start
@@ -150,67 +219,94 @@ mod tests {
     /// waiting helper.
     #[test]
     fn a_waiting_helper_joins_the_next_call() {
-        let pool = new_pool(1);
-        let lobby = Arc::new(Lobby::new(Duration::from_secs(60)));
-        let threads = Threads::Pool(Some(&pool), 2, Some(&lobby));
-        // 300 items of 300 us every 7th: long enough for the helper to
-        // wake and join.
-        assert_eq!(check(threads, 2100), 2, "the helper did not join");
-        assert!(eventually(|| lobby.waiting() == 1), "no helper waits");
+        let (pool, lobby) = one_helper_waiting(Duration::from_secs(60));
         for _ in 0..3 {
-            assert_eq!(check(threads, 2100), 2, "the waiting helper did not join");
+            let made = check(Threads::Pool(Some(&pool), 2, Some(&lobby)), 2100);
+            assert_eq!(made, 2, "the waiting helper did not join");
             assert!(eventually(|| lobby.waiting() == 1), "no helper waits");
         }
-        lobby.dismiss();
+        lobby.close();
         assert!(eventually(|| lobby.waiting() == 0), "still waiting");
     }
 
-    /// A dismissed lobby hands its helpers back to the pool: `install`
-    /// on a pool whose only thread waits in a lobby for a minute returns
-    /// once the lobby is dismissed; and helpers leave on their own when
-    /// their spin runs out.
+    /// A hold sends the waiting helper back to the pool (a job spawned on
+    /// the pool's only thread runs, where it would wait a minute), and a
+    /// helper that finishes a call while the hold lasts does not wait;
+    /// after the hold, helpers wait again.
     #[test]
-    fn helpers_leave_when_dismissed_or_their_spin_runs_out() {
-        let pool = new_pool(1);
-        let lobby = Arc::new(Lobby::new(Duration::from_secs(60)));
+    fn a_hold_sends_helpers_back_to_the_pool() {
+        let (pool, lobby) = one_helper_waiting(Duration::from_secs(60));
+        let hold = lobby.hold();
+        assert!(free(&pool), "the pool's thread stayed in the lobby");
+        assert_eq!(lobby.waiting(), 0);
+        assert_eq!(check(Threads::Pool(Some(&pool), 2, Some(&lobby)), 2100), 2);
+        assert!(free(&pool), "a helper waited during the hold");
+        assert_eq!(lobby.waiting(), 0);
+        drop(hold);
         check(Threads::Pool(Some(&pool), 2, Some(&lobby)), 2100);
         assert!(eventually(|| lobby.waiting() == 1), "no helper waits");
-        lobby.dismiss();
-        let (done, finished) = std::sync::mpsc::channel();
-        pool.spawn(move || done.send(()).unwrap());
-        let got = finished.recv_timeout(Duration::from_secs(20));
-        assert_eq!(got, Ok(()), "the pool's thread stayed in the lobby");
-        assert_eq!(lobby.waiting(), 0);
+        lobby.close();
+        assert!(free(&pool), "the pool's thread stayed in the lobby");
+    }
 
-        let short = Arc::new(Lobby::new(Duration::from_millis(5)));
-        check(Threads::Pool(Some(&pool), 2, Some(&short)), 2100);
+    /// Helpers leave when their spin runs out, and when the lobby's owner
+    /// (a backend) drops, even with an endless spin.
+    #[test]
+    fn helpers_leave_when_their_spin_runs_out_or_the_backend_drops() {
+        let (pool, lobby) = one_helper_waiting(Duration::from_millis(300));
         assert!(
-            eventually(|| short.waiting() == 0),
+            eventually(|| lobby.waiting() == 0),
             "the spin never ran out"
         );
-        check(Threads::Pool(Some(&pool), 2, Some(&short)), 50);
+        assert!(free(&pool));
+
+        let (pool, lobby) = one_helper_waiting(Duration::MAX);
+        drop(Owned(Arc::clone(&lobby)));
+        assert!(free(&pool), "the pool's thread stayed in the lobby");
+        assert_eq!(lobby.waiting(), 0);
+    }
+
+    /// A helper job that starts after its call closed goes back to the
+    /// pool without waiting in the lobby: the pool's only thread is held
+    /// while the call runs on the caller alone; released, the late job
+    /// finds the call closed and must leave the thread free.
+    #[test]
+    fn a_helper_that_never_joined_does_not_wait() {
+        let pool = new_pool(1);
+        let lobby = Arc::new(Lobby::new(Duration::from_secs(60), 1));
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        pool.spawn(move || held.recv().unwrap());
+        let made = check(Threads::Pool(Some(&pool), 2, Some(&lobby)), 50);
+        assert_eq!(made, 1);
+        release.send(()).unwrap();
+        assert!(free(&pool), "the late helper waited in the lobby");
+        assert_eq!(lobby.waiting(), 0);
     }
 
     /// Several threads calling through one lobby at once: every call runs
     /// each of its items once (claims of one call may go to another),
-    /// and none waits for a helper that never comes.
+    /// none waits for a helper that never comes, and no more helpers
+    /// wait than the lobby has room for.
     #[test]
     fn concurrent_calls_share_a_lobby() {
         let pool = new_pool(3);
-        let lobby = Arc::new(Lobby::new(Duration::from_micros(200)));
+        let lobby = Arc::new(Lobby::new(Duration::from_micros(200), 2));
+        let most = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
             for t in 0..3 {
-                let (pool, lobby) = (&pool, &lobby);
+                let (pool, lobby, most) = (&pool, &lobby, &most);
                 s.spawn(move || {
                     for r in 0..40 {
                         check(
                             Threads::Pool(Some(pool), 2 + (t + r) % 3, Some(lobby)),
                             30 + r,
                         );
+                        most.fetch_max(lobby.waiting(), Ordering::Relaxed);
                     }
                 });
             }
         });
-        lobby.dismiss();
+        lobby.close();
+        assert!(most.into_inner() <= 2, "more helpers waited than the room");
     }
 }

@@ -26,10 +26,11 @@
 //! and a call posted there meanwhile is joined at once by as many of them
 //! as it has room for (it spawns jobs only for the rest). That is what
 //! ONNX Runtime's spinning intra-op threads and OpenMP's active wait
-//! policy do: a call that follows other work on the caller (an engine's
-//! projections) starts on all its threads without waiting for a wake-up,
-//! at the price of the helpers' cores, busy until the spin runs out, and
-//! of the pool's other jobs, which wait up to `spin` for a thread.
+//! policy do: a call that follows other work off the pool (on the caller,
+//! say) starts on all its threads without waiting for a wake-up, at the
+//! price of the helpers' cores, busy while they wait, and of the pool's
+//! other jobs, which get no thread from a waiting helper (a hold on the
+//! lobby sends them back).
 //!
 //! Each participant takes items from the front of a contiguous range of
 //! its own (consecutive items of one head keep that head's K and V in
@@ -45,16 +46,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 mod lobby;
-pub use lobby::Lobby;
+pub use lobby::{Lobby, Owned};
 
 /// How a call runs its items.
 #[derive(Clone, Copy)]
 pub enum Threads<'a> {
     /// In order on the calling thread.
     One,
-    /// On the calling thread and up to `n - 1` helpers from `pool`
-    /// (rayon's current pool when `None`: the global one outside a pool),
-    /// those waiting in the lobby first, where there is one.
+    /// On the calling thread and up to `n - 1` helpers: those waiting in
+    /// the lobby, where there is one, and jobs spawned into `pool`
+    /// (rayon's current pool when `None`: the global one outside a pool)
+    /// for the rest.
     Pool(Option<&'a rayon::ThreadPool>, usize, Option<&'a Arc<Lobby>>),
 }
 
@@ -132,7 +134,7 @@ pub fn map<I: Sync, S, R: Send>(
         Threads::Pool(pool, _, lobby) => (pool, lobby),
         Threads::One => (None, None),
     };
-    let call = Arc::new(Call::with_room(n - 1));
+    let call = Arc::new(Call::new(n - 1));
     {
         // Closes the call when the caller's share is done (or panicked):
         // waits for the helpers inside, turns away any that start later.
@@ -146,8 +148,10 @@ pub fn map<I: Sync, S, R: Send>(
         // declared in this block, drops before `work` and everything it
         // borrows, on return and on unwind alike; it closes the call and
         // waits for `inside == 0` under the same lock, so afterwards no
-        // helper is in `work` and none can enter. Late jobs hold the raw
-        // pointer but never dereference it.
+        // helper is in `work` and none can enter. Late jobs, and the
+        // lobby's copy for claims not yet taken (kept until the next post
+        // or the last claim), hold the raw pointer but never dereference
+        // it: joining checks the call open first.
         let erased = Work(unsafe {
             std::mem::transmute::<
                 *const (dyn Fn(usize) + Sync + '_),
@@ -204,6 +208,8 @@ pub fn each<I: Send>(
 struct Call {
     state: Mutex<CallState>,
     left: Condvar,
+    /// The calling thread.
+    caller: std::thread::ThreadId,
 }
 
 struct CallState {
@@ -216,8 +222,8 @@ struct CallState {
 }
 
 impl Call {
-    /// An open call with room for `room` helpers.
-    fn with_room(room: usize) -> Self {
+    /// An open call from this thread with room for `room` helpers.
+    fn new(room: usize) -> Self {
         Call {
             state: Mutex::new(CallState {
                 closed: false,
@@ -227,6 +233,7 @@ impl Call {
                 panic: None,
             }),
             left: Condvar::new(),
+            caller: std::thread::current().id(),
         }
     }
 
@@ -253,9 +260,16 @@ struct Helper {
 
 impl Helper {
     /// Runs its share of the call, then, with a lobby, joins each call
-    /// posted there until none comes within the lobby's spin.
+    /// posted there until none comes within the lobby's spin. A job that
+    /// did not join (it started late) goes back to the pool at once, and
+    /// so does one that the caller's own thread ran (a caller on a pool
+    /// thread whose work called into rayon): waiting there would stall
+    /// the caller.
     fn run_then_wait(self, lobby: Option<Arc<Lobby>>) {
-        self.run();
+        let caller = self.call.caller;
+        if !self.run() || std::thread::current().id() == caller {
+            return;
+        }
         if let Some(lobby) = lobby {
             while let Some(next) = lobby.wait() {
                 next.run();
@@ -265,13 +279,13 @@ impl Helper {
 
     /// Joins the call if it is still open and has room (helpers number
     /// themselves 1, 2, ... in the order they join), runs its share, and
-    /// leaves; a panic is kept for the caller, as the pool would abort on
-    /// it.
-    fn run(self) {
+    /// leaves; whether it joined. A panic is kept for the caller, as the
+    /// pool would abort on it.
+    fn run(self) -> bool {
         let me = {
             let mut st = self.call.lock();
             if st.closed || st.joined == st.room {
-                return;
+                return false;
             }
             st.inside += 1;
             st.joined += 1;
@@ -291,6 +305,7 @@ impl Helper {
         if st.inside == 0 {
             self.call.left.notify_all();
         }
+        true
     }
 }
 
@@ -375,7 +390,7 @@ pub(super) mod tests {
     fn every_item_runs_once_in_order() {
         let pool = new_pool(3);
         let other = new_pool(2);
-        let lobby = Arc::new(Lobby::new(std::time::Duration::from_micros(500)));
+        let lobby = Arc::new(Lobby::new(std::time::Duration::from_micros(500), 3));
         for n in [0, 1, 2, 5, 97] {
             assert_eq!(check(Threads::One, n), 1);
             for l in [None, Some(&lobby)] {
