@@ -199,9 +199,16 @@ impl Cpu {
     /// this project's 2-core machine), more than a problem under
     /// [`blocking::PARALLEL_MIN_FLOPS`] takes on one core; such problems,
     /// and every problem of a one-thread backend, run on the calling
-    /// thread. The result is the same either way, bit for bit.
+    /// thread. With helpers that wait for the next call
+    /// ([`Cpu::with_spin`]) the bar is [`blocking::WAITING_MIN_FLOPS`]:
+    /// only a call that finds none waiting wakes them. The result is the
+    /// same either way, bit for bit.
     fn parallel(&self, flops: f64) -> bool {
-        !self.single && self.threads() > 1 && flops >= blocking::PARALLEL_MIN_FLOPS
+        let min = match &self.lobby {
+            Some(_) => blocking::WAITING_MIN_FLOPS,
+            None => blocking::PARALLEL_MIN_FLOPS,
+        };
+        !self.single && self.threads() > 1 && flops >= min
     }
 
     /// Where a call's work items run: on the calling thread alone, or

@@ -253,7 +253,9 @@ mod tests {
     /// (a backend) drops, even with an endless spin.
     #[test]
     fn helpers_leave_when_their_spin_runs_out_or_the_backend_drops() {
-        let (pool, lobby) = one_helper_waiting(Duration::from_millis(300));
+        // Long enough to see the helper wait first, on a loaded machine
+        // or under Miri.
+        let (pool, lobby) = one_helper_waiting(Duration::from_secs(2));
         assert!(
             eventually(|| lobby.waiting() == 0),
             "the spin never ran out"
