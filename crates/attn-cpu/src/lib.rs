@@ -211,6 +211,13 @@ impl Cpu {
         !self.single && self.threads() > 1 && flops >= min
     }
 
+    /// Whether a problem of `flops` runs inside the pool ([`Cpu::install`]:
+    /// the backward pass), where waiting helpers do not serve: the bar
+    /// stays [`blocking::PARALLEL_MIN_FLOPS`].
+    fn parallel_in_pool(&self, flops: f64) -> bool {
+        !self.single && self.threads() > 1 && flops >= blocking::PARALLEL_MIN_FLOPS
+    }
+
     /// Where a call's work items run: on the calling thread alone, or
     /// with helpers from this backend's pool (`threads/`).
     fn runner(&self, par: bool) -> threads::Threads<'_> {
