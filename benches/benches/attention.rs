@@ -32,10 +32,11 @@ fn engines(threads: usize) -> Vec<(Engine, String)> {
         .collect();
     // On one thread there are no helpers to wait: the `cpu` row's twin.
     if let Some(cpu) = attn_cpu::Cpu::with_threads(threads)
+        .and_then(|c| c.with_spin(CPU_SPIN_FOR))
         .ok()
         .filter(|_| threads > 1)
     {
-        all.push((Engine::Cpu(cpu.with_spin(CPU_SPIN_FOR)), CPU_SPIN.into()));
+        all.push((Engine::Cpu(cpu), CPU_SPIN.into()));
     }
     all
 }

@@ -47,7 +47,8 @@ fn main() {
         .map_or(0, |s| s.parse().expect("SPIN_US: microseconds"));
     let cpu = attn_cpu::Cpu::with_threads(threads)
         .unwrap()
-        .with_spin(std::time::Duration::from_micros(spin_us));
+        .with_spin(std::time::Duration::from_micros(spin_us))
+        .unwrap();
     println!(
         "attn-cpu SIMD level: {} (this CPU: {}; ATTN_CPU_ISA caps it)",
         cpu.isa().unwrap(),

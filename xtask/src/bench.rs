@@ -164,7 +164,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // 1a. attn-cpu with spinning helpers, on the cases it is timed on.
     if spin {
         let e = attn_cpu::Cpu::with_threads(m.cores)
-            .map(|c| Engine::Cpu(c.with_spin(CPU_SPIN_FOR)))
+            .and_then(|c| c.with_spin(CPU_SPIN_FOR))
+            .map(Engine::Cpu)
             .map_err(|e| e.to_string())?;
         for case in cases.iter().filter(|c| has_spin(c)) {
             print!("[check] {CPU_SPIN} {} ... ", case.name);

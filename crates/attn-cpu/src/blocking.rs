@@ -160,12 +160,3 @@ pub const PAIR_MIN_BLOCKS: usize = 2 * MIN_WORK_ITEMS;
 /// decodes of 2-4 MFLOP after other work, though 0-40 us faster back to
 /// back; Zen 4 VM, 2 threads, s28.)
 pub const PARALLEL_MIN_FLOPS: f64 = 8e6;
-
-/// The same bar for a backend whose helpers wait for the next call
-/// (`Cpu::with_spin`): they join without a wake-up, once a call has
-/// started them. Decoding GQA 32:8 at d = 128 after 300 us of other work
-/// (Zen 4, 2 threads against the caller alone, `perf` example, medians
-/// of 400 calls, 2 rounds, s29): 128 keys (2.1 MFLOP) 0.027-0.028 ms
-/// against 0.036-0.038, 256 keys (4.2 MFLOP) 0.054 against 0.068-0.091,
-/// but 64 keys (1.05 MFLOP) 0.020-0.024 against 0.018-0.019.
-pub const WAITING_MIN_FLOPS: f64 = 2e6;

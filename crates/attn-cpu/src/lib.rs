@@ -165,23 +165,40 @@ impl Cpu {
     /// within that time (as ONNX Runtime's intra-op threads do by default,
     /// and OpenMP's with `OMP_WAIT_POLICY=active`). Without it, helpers
     /// go back to the pool, whose threads fall asleep within tens of
-    /// microseconds, and a call that follows other work on the calling
-    /// thread (a sampler, a tokenizer, layers on another pool) waits for
-    /// them to wake. Work on this backend's own pool does not need it:
-    /// its threads are awake after it, and this backend's `linear` and
-    /// backward pass send waiting helpers back to the pool first, so they
-    /// gain nothing from it. The price: each waiting helper keeps a core
-    /// busy, and other jobs on the pool (rayon's global pool unless
-    /// [`Cpu::with_threads`]) get no thread from it, for as long as calls
-    /// keep coming within `spin` of each other and up to `spin` after the
-    /// last. `Duration::ZERO` turns it off, `Duration::MAX` spins until
-    /// the backend (its last clone) drops. No effect on results, nor on a
-    /// one-thread backend.
-    pub fn with_spin(self, spin: std::time::Duration) -> Self {
-        let room = self.threads().saturating_sub(1);
-        let lobby = (!spin.is_zero() && room > 0)
-            .then(|| Arc::new(threads::Owned(Arc::new(threads::Lobby::new(spin, room)))));
-        Cpu { lobby, ..self }
+    /// microseconds, and a call that follows other work off the pool (on
+    /// the calling thread: a sampler, a tokenizer; or on another pool)
+    /// waits for them to wake. The backend gets a pool of its own, of
+    /// [`Cpu::threads`] threads (a shared pool's other jobs could find
+    /// its threads waiting here, or run a helper that then waits on top
+    /// of them); clones share it. This backend's `linear` and backward
+    /// pass run on that pool and send waiting helpers back to it first,
+    /// so an engine whose projections go through this backend gains
+    /// little. The price: each waiting helper keeps a core busy for as
+    /// long as calls keep coming within `spin` of each other and up to
+    /// `spin` after the last. `Duration::ZERO` turns it off (the pool
+    /// stays), `Duration::MAX` spins until the backend's last clone
+    /// drops. No effect on results, nor on a one-thread backend. An error
+    /// when the pool's threads cannot start.
+    pub fn with_spin(self, spin: std::time::Duration) -> Result<Self> {
+        let threads = self.threads();
+        if spin.is_zero() || self.single || threads < 2 {
+            return Ok(Cpu {
+                lobby: None,
+                ..self
+            });
+        }
+        // A pool no other backend shares (this one's, unshared and without
+        // a lobby) serves as it is; otherwise a new one.
+        let pool = match self.pool {
+            Some(ref p) if Arc::strong_count(p) == 1 && self.lobby.is_none() => self.pool.clone(),
+            _ => Cpu::with_threads(threads)?.pool,
+        };
+        let lobby = threads::Lobby::new(spin, threads - 1);
+        Ok(Cpu {
+            pool,
+            lobby: Some(Arc::new(threads::Owned(Arc::new(lobby)))),
+            ..self
+        })
     }
 
     /// Threads this backend runs on.
@@ -199,22 +216,8 @@ impl Cpu {
     /// this project's 2-core machine), more than a problem under
     /// [`blocking::PARALLEL_MIN_FLOPS`] takes on one core; such problems,
     /// and every problem of a one-thread backend, run on the calling
-    /// thread. With helpers that wait for the next call
-    /// ([`Cpu::with_spin`]) the bar is [`blocking::WAITING_MIN_FLOPS`]:
-    /// only a call that finds none waiting wakes them. The result is the
-    /// same either way, bit for bit.
+    /// thread. The result is the same either way, bit for bit.
     fn parallel(&self, flops: f64) -> bool {
-        let min = match &self.lobby {
-            Some(_) => blocking::WAITING_MIN_FLOPS,
-            None => blocking::PARALLEL_MIN_FLOPS,
-        };
-        !self.single && self.threads() > 1 && flops >= min
-    }
-
-    /// Whether a problem of `flops` runs inside the pool ([`Cpu::install`]:
-    /// the backward pass), where waiting helpers do not serve: the bar
-    /// stays [`blocking::PARALLEL_MIN_FLOPS`].
-    fn parallel_in_pool(&self, flops: f64) -> bool {
         !self.single && self.threads() > 1 && flops >= blocking::PARALLEL_MIN_FLOPS
     }
 

@@ -102,7 +102,8 @@ fn results_do_not_depend_on_the_thread_count() {
         // second and third calls as they come.
         let spinning = Cpu::with_threads(3)
             .unwrap()
-            .with_spin(std::time::Duration::from_secs(1));
+            .with_spin(std::time::Duration::from_secs(1))
+            .unwrap();
         for _ in 0..3 {
             let o = spinning.forward(&case.problem, case.inputs()).unwrap();
             assert_eq!(one, (o.out, o.lse));

@@ -575,7 +575,7 @@ impl Backward for Cpu {
         grads: GradOutputs<'_, HostData>,
     ) -> Result<()> {
         check_backward_call(self, problem, &inputs, &forward, &grads)?;
-        let par = self.parallel_in_pool(2.5 * problem.flops());
+        let par = self.parallel(2.5 * problem.flops());
         let run = (par, self.isa()?);
         self.install(par, || match problem.dtype {
             attn_spec::DType::F32 => backward_typed::<f32>(run, problem, inputs, forward, grads),

@@ -46,6 +46,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 mod lobby;
+use lobby::Ticket;
 pub use lobby::{Lobby, Owned};
 
 /// How a call runs its items.
@@ -266,26 +267,27 @@ impl Helper {
     /// thread whose work called into rayon): waiting there would stall
     /// the caller.
     fn run_then_wait(self, lobby: Option<Arc<Lobby>>) {
-        let caller = self.call.caller;
-        if !self.run() || std::thread::current().id() == caller {
-            return;
-        }
-        if let Some(lobby) = lobby {
-            while let Some(next) = lobby.wait() {
-                next.run();
+        let me = std::thread::current().id();
+        let lobby = lobby.filter(|_| me != self.call.caller);
+        let mut job = self;
+        while let Some(ticket) = job.run(lobby.as_deref()) {
+            match lobby.as_deref().and_then(|l| l.wait(ticket)) {
+                Some(next) => job = next,
+                None => return,
             }
         }
     }
 
     /// Joins the call if it is still open and has room (helpers number
     /// themselves 1, 2, ... in the order they join), runs its share, and
-    /// leaves; whether it joined. A panic is kept for the caller, as the
-    /// pool would abort on it.
-    fn run(self) -> bool {
+    /// leaves, having entered `lobby` if it joined and the lobby takes it
+    /// (its ticket). A panic is kept for the caller, as the pool would
+    /// abort on it.
+    fn run(self, lobby: Option<&Lobby>) -> Option<Ticket> {
         let me = {
             let mut st = self.call.lock();
             if st.closed || st.joined == st.room {
-                return false;
+                return None;
             }
             st.inside += 1;
             st.joined += 1;
@@ -297,6 +299,8 @@ impl Helper {
             // only below, so `map`'s frame, which owns the closure, waits.
             unsafe { (*work)(me) }
         }));
+        // Waiting before leaving: the caller's next call can claim it.
+        let ticket = lobby.and_then(Lobby::enter);
         let mut st = self.call.lock();
         st.inside -= 1;
         if let Err(panic) = result {
@@ -305,7 +309,7 @@ impl Helper {
         if st.inside == 0 {
             self.call.left.notify_all();
         }
-        true
+        ticket
     }
 }
 
