@@ -66,12 +66,21 @@ fn engine(kind: EngineKind, threads: usize) -> Option<Engine> {
     }
 }
 
-fn estimates(id: &str) -> Result<(f64, (f64, f64)), String> {
+/// Criterion's median and its confidence interval for `id`, in seconds,
+/// from estimates written since `since` (older ones are an earlier run's,
+/// of a row this run did not time).
+fn estimates(id: &str, since: std::time::SystemTime) -> Result<(f64, (f64, f64)), String> {
     let path = target_dir()
         .join("criterion")
         .join(id)
         .join("new")
         .join("estimates.json");
+    let written = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if written < since {
+        return Err(format!("{}: from an earlier run", path.display()));
+    }
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
     let m = &v["median"];
@@ -267,6 +276,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         kinds.len(),
         threads
     );
+    let timed_from = std::time::SystemTime::now();
     let status = Command::new(crate::cargo())
         .current_dir(root())
         .args(["bench", "-p", "attn-benches", "--bench", "attention"])
@@ -293,7 +303,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 if b == "reference" && (!case.small || t != 1) {
                     continue;
                 }
-                if (b == CPU_BACKWARD && !has_backward(case)) || (b == CPU_SPIN && !has_spin(case))
+                if (b == CPU_BACKWARD && !has_backward(case))
+                    || (b == CPU_SPIN && (!has_spin(case) || t == 1))
                 {
                     continue;
                 }
@@ -303,7 +314,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 {
                     continue;
                 }
-                let Ok((median, spread)) = estimates(&bench_id(b, case, t)) else {
+                let Ok((median, spread)) = estimates(&bench_id(b, case, t), timed_from) else {
                     continue;
                 };
                 let chk = checks.get(&(b.clone(), case.name));
